@@ -1,0 +1,1 @@
+"""Tide gateway: the FastAPI job API (arrives with the job-service issue). Never imports torch."""

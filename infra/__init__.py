@@ -1,0 +1,1 @@
+"""Shared plumbing and fleet control: CLI, settings, protocol, queues (torch-free)."""

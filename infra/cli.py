@@ -1,0 +1,146 @@
+"""The ``tide`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from typing import Any
+
+GENERATE_OVERRIDES = {
+    "max_tokens": int,
+    "temperature": float,
+    "top_p": float,
+    "top_k": int,
+    "seed": int,
+    "stop": list,
+    "stop_token_ids": list,
+    "ignore_eos": bool,
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tide", description="Tide: a queue-driven LLM fleet.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    gen = sub.add_parser(
+        "generate",
+        help="run prompts through one in-process engine (continuous batching)",
+        description="Generate completions for one or more prompts, all batched in one engine.",
+    )
+    gen.add_argument("--model", default="dummy:tiny", help="HF folder or dummy:PRESET")
+    gen.add_argument("--prompt", action="append", default=[], help="a prompt; repeatable")
+    gen.add_argument(
+        "--prompts-file",
+        help='JSONL: {"prompt": TEXT} per line, plus optional overrides '
+        f"({', '.join(GENERATE_OVERRIDES)})",
+    )
+    gen.add_argument("--max-tokens", type=int, default=64)
+    gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--top-k", type=int, default=-1, help="-1 = off")
+    gen.add_argument("--seed", type=int, default=None)
+    gen.add_argument("--stop", action="append", default=[], help="stop string; repeatable")
+    gen.add_argument("--ignore-eos", action="store_true")
+    gen.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None)
+    gen.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    gen.add_argument("--kv-cache-memory", type=int, default=None, help="KV pool size in bytes")
+    gen.add_argument("--max-num-seqs", type=int, default=64)
+    gen.add_argument("--max-num-batched-tokens", type=int, default=1024)
+    gen.add_argument("--no-prefix-caching", action="store_true")
+    gen.add_argument("--json", action="store_true", help="one JSON object per prompt on stdout")
+    gen.set_defaults(func=cmd_generate)
+    return parser
+
+
+def _load_prompts(args: argparse.Namespace) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = [{"prompt": p} for p in args.prompt]
+    if args.prompts_file:
+        with open(args.prompts_file) as f:
+            for n, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    item = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise SystemExit(f"{args.prompts_file}:{n}: not valid JSON ({e.msg})") from None
+                if not isinstance(item, dict) or not isinstance(item.get("prompt"), str):
+                    raise SystemExit(f'{args.prompts_file}:{n}: needs a string field "prompt"')
+                unknown = set(item) - {"prompt", *GENERATE_OVERRIDES}
+                if unknown:
+                    raise SystemExit(f"{args.prompts_file}:{n}: unknown fields {sorted(unknown)}")
+                items.append(item)
+    if not items:
+        raise SystemExit("no prompts: give --prompt TEXT or --prompts-file FILE.jsonl")
+    return items
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from worker.engine import LLMEngine, SamplingParams
+    from worker.models.config import ModelLoadError
+
+    items = _load_prompts(args)
+    try:
+        engine = LLMEngine.from_pretrained(
+            args.model,
+            dtype=args.dtype,
+            device=args.device,
+            kv_cache_memory=args.kv_cache_memory,
+            max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            enable_prefix_caching=not args.no_prefix_caching,
+        )
+    except (ModelLoadError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    assert engine.tokenizer is not None
+    base = {
+        "max_tokens": args.max_tokens,
+        "temperature": args.temperature,
+        "top_p": args.top_p,
+        "top_k": args.top_k,
+        "seed": args.seed,
+        "stop": args.stop,
+        "ignore_eos": args.ignore_eos,
+    }
+    prompts, params = [], []
+    for n, item in enumerate(items, 1):
+        try:
+            p = SamplingParams(**{**base, **{k: v for k, v in item.items() if k != "prompt"}})
+            ids = engine.tokenizer.encode(item["prompt"])
+            engine.validate(len(ids), p)
+        except ValueError as e:
+            print(f"error: prompt {n}: {e}", file=sys.stderr)
+            return 2
+        prompts.append(ids)
+        params.append(p)
+    for item, out in zip(items, engine.generate(prompts, params), strict=True):
+        if args.json:
+            record = {
+                "prompt": item["prompt"],
+                "text": out.text,
+                "prompt_token_ids": out.prompt_token_ids,
+                "token_ids": out.token_ids,
+                "finish_reason": out.finish_reason,
+            }
+            if out.error:
+                record["error"] = out.error
+            print(json.dumps(record, ensure_ascii=False))
+        else:
+            print(f"{item['prompt']}{out.text}\n[{out.finish_reason}, {len(out.token_ids)} tokens]")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,5 @@
+"""Attention and KV-cache kernels: a torch reference; Triton for CUDA behind the same signatures."""
+
+from kernels.attention import AttentionMetadata, paged_attention, write_kv_cache
+
+__all__ = ["AttentionMetadata", "paged_attention", "write_kv_cache"]

@@ -1,0 +1,280 @@
+"""The engine loop: schedule, run the model, sample, detokenize, report.
+
+Contract (DESIGN.md): ``add_request``, ``step() -> outputs``, ``abort``, ``can_admit``,
+``stats``. The engine knows nothing of queues or Redis.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from worker.engine.block_manager import BlockManager
+from worker.engine.config import EngineConfig
+from worker.engine.detokenizer import IncrementalDetokenizer
+from worker.engine.model_runner import ModelRunner
+from worker.engine.request import Request, RequestTimings
+from worker.engine.sampler import Sampler
+from worker.engine.sampling_params import Priority, SamplingParams
+from worker.engine.scheduler import Scheduler
+from worker.models.llama import LlamaModel
+from worker.models.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RequestOutput:
+    """What one step produced for one request. Deltas concatenate to the final text."""
+
+    request_id: str
+    new_token_ids: list[int]
+    delta_text: str
+    finished: bool = False
+    finish_reason: str | None = None  # stop | length | abort | error
+    error: str | None = None
+    # Filled when finished:
+    prompt_token_ids: list[int] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    timings: RequestTimings | None = None
+
+
+class LLMEngine:
+    def __init__(
+        self, model: LlamaModel, tokenizer: Tokenizer | None, config: EngineConfig | None = None
+    ) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.config = config or EngineConfig()
+        self.max_model_len = min(
+            self.config.max_model_len or model.config.max_model_len, model.config.max_model_len
+        )
+        self.runner = ModelRunner(model, self.config, self.max_model_len)
+        self.block_manager = BlockManager(
+            self.runner.num_blocks, self.config.block_size, self.config.enable_prefix_caching
+        )
+        self.scheduler = Scheduler(self.config, self.block_manager)
+        self.sampler = Sampler(model.device)
+        if tokenizer is not None and tokenizer.eos_token_ids:
+            self.eos_token_ids = set(tokenizer.eos_token_ids)
+        else:
+            self.eos_token_ids = set(model.config.eos_token_ids)
+        self.requests: dict[str, Request] = {}
+        self._detoks: dict[str, IncrementalDetokenizer] = {}
+        self._pending: list[RequestOutput] = []
+        self._arrivals = itertools.count()
+        self.counters = {"prompt_tokens": 0, "generation_tokens": 0, "steps": 0}
+
+    @classmethod
+    def from_pretrained(
+        cls, model: str, dtype: str | None = None, device: str = "auto", **config: Any
+    ) -> LLMEngine:
+        from worker.models.dummy import resolve_model_path
+        from worker.models.loader import load_model
+
+        folder = resolve_model_path(model)
+        return cls(load_model(folder, dtype, device), Tokenizer(folder), EngineConfig(**config))
+
+    # -- admission ---------------------------------------------------------------
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        return self.block_manager.num_blocks * self.config.block_size
+
+    def validate(self, num_prompt_tokens: int, params: SamplingParams) -> None:
+        """Raise ValueError naming the numbers when a request can never run here."""
+        if num_prompt_tokens < 1:
+            raise ValueError("prompt is empty: at least one token is required")
+        total = num_prompt_tokens + params.max_tokens
+        if num_prompt_tokens >= self.max_model_len:
+            raise ValueError(
+                f"prompt has {num_prompt_tokens} tokens but the model's context is "
+                f"{self.max_model_len} tokens"
+            )
+        if total > self.max_model_len:
+            raise ValueError(
+                f"prompt ({num_prompt_tokens} tokens) + max_tokens ({params.max_tokens}) = "
+                f"{total} exceeds the model's context of {self.max_model_len} tokens"
+            )
+        if total > self.kv_capacity_tokens:
+            raise ValueError(
+                f"prompt ({num_prompt_tokens} tokens) + max_tokens ({params.max_tokens}) = "
+                f"{total} exceeds the KV cache capacity of {self.kv_capacity_tokens} tokens"
+            )
+
+    def can_admit(
+        self, num_prompt_tokens: int, max_tokens: int, prompt_token_ids: list[int] | None = None
+    ) -> bool:
+        """Would a request of this size be scheduled now (blocks after prefix hits, a slot)?"""
+        return self.scheduler.can_admit(num_prompt_tokens, max_tokens, prompt_token_ids)
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        priority: Priority = Priority.INTERACTIVE,
+    ) -> None:
+        if request_id in self.requests:
+            raise ValueError(f"request id {request_id!r} is already in the engine")
+        self.validate(len(prompt_token_ids), params)
+        vocab = self.model.config.vocab_size
+        bad = next((t for t in prompt_token_ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise ValueError(f"prompt token id {bad} is outside the vocabulary [0, {vocab})")
+        request = Request(request_id, prompt_token_ids, params, priority, next(self._arrivals))
+        self.requests[request_id] = request
+        if self.tokenizer is not None:
+            self._detoks[request_id] = IncrementalDetokenizer(
+                self.tokenizer.decode, prompt_token_ids, params.stop
+            )
+        self.scheduler.add(request)
+
+    def abort(self, request_id: str) -> bool:
+        """Stop a request now and free its blocks; its final output comes with the next step."""
+        request = self.requests.get(request_id)
+        if request is None:
+            return False
+        self._finish(request, "abort")
+        return True
+
+    def has_unfinished(self) -> bool:
+        return bool(self.requests) or bool(self._pending)
+
+    # -- the loop ----------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        outputs, self._pending = self._pending, []
+        sched = self.scheduler.schedule()
+        if sched.is_empty:
+            return outputs
+        self.counters["steps"] += 1
+        try:
+            result = self.runner.execute(sched)
+        except Exception as e:
+            log.exception("model step failed; failing its %d requests", len(sched.scheduled))
+            for s in sched.scheduled:
+                self._finish(self.requests[s.request_id], "error", f"model step failed: {e}")
+            return outputs + self._pending_take()
+        for s in sched.scheduled:
+            request = self.requests[s.request_id]
+            request.num_computed_tokens += s.num_tokens
+            n_prompt = request.num_prompt_tokens
+            self.counters["prompt_tokens"] += max(
+                0, min(s.context_len, n_prompt) - min(s.start_pos, n_prompt)
+            )
+            self.block_manager.cache_full_blocks(request)
+        params = [self.requests[i].params for i in result.sampled_ids]
+        tokens = self.sampler.sample(result.logits, result.sampled_ids, params)
+        now = time.time()
+        for request_id, token in zip(result.sampled_ids, tokens, strict=True):
+            request = self.requests[request_id]
+            try:
+                if isinstance(token, Exception):
+                    raise token
+                outputs.append(self._process_token(request, token, now))
+            except Exception as e:
+                log.exception("request %s failed", request_id)
+                self._finish(request, "error", f"{type(e).__name__}: {e}")
+        return outputs + self._pending_take()
+
+    def _pending_take(self) -> list[RequestOutput]:
+        out, self._pending = self._pending, []
+        return out
+
+    def _process_token(self, request: Request, token: int, now: float) -> RequestOutput:
+        request.append_token(token)
+        self.counters["generation_tokens"] += 1
+        if request.timings.first_token is None:
+            request.timings.first_token = now
+        params = request.params
+        stops = (
+            set(params.stop_token_ids) if params.stop_token_ids is not None else self.eos_token_ids
+        )
+        if params.ignore_eos:
+            stops = stops - self.eos_token_ids
+        detok = self._detoks.get(request.request_id)
+        reason = None
+        if token in stops:
+            reason = "stop"
+        elif detok is not None:
+            detok.add_token(token)
+            if detok.stopped:
+                reason = "stop"
+        if reason is None and request.num_output_tokens >= params.max_tokens:
+            reason = "length"
+        if reason is None:
+            delta = detok.take_delta(final=False) if detok else ""
+            return RequestOutput(request.request_id, [token], delta)
+        out = self._finish(request, reason, queue=False)
+        out.new_token_ids = [token]
+        return out
+
+    def _finish(
+        self, request: Request, reason: str, error: str | None = None, queue: bool = True
+    ) -> RequestOutput:
+        self.scheduler.finish(request)
+        self.sampler.forget(request.request_id)
+        self.requests.pop(request.request_id, None)
+        request.finish_reason, request.error = reason, error
+        request.timings.finished = time.time()
+        detok = self._detoks.pop(request.request_id, None)
+        delta = ""
+        if detok is not None:
+            if reason != "error":
+                detok.flush()
+            delta = detok.take_delta(final=True)
+        out = RequestOutput(
+            request_id=request.request_id,
+            new_token_ids=[],
+            delta_text=delta,
+            finished=True,
+            finish_reason=reason,
+            error=error,
+            prompt_token_ids=request.prompt_token_ids,
+            token_ids=request.output_token_ids,
+            text=detok.text if detok else "",
+            timings=request.timings,
+        )
+        if queue:
+            self._pending.append(out)
+        return out
+
+    # -- conveniences ------------------------------------------------------------
+
+    def generate(
+        self,
+        prompts: list[list[int]],
+        params: SamplingParams | list[SamplingParams],
+        priorities: list[Priority] | None = None,
+    ) -> list[RequestOutput]:
+        """Run prompts to completion concurrently; finished outputs in input order."""
+        plist = params if isinstance(params, list) else [params] * len(prompts)
+        ids = [f"gen-{next(self._arrivals)}" for _ in prompts]
+        for i, (rid, prompt) in enumerate(zip(ids, prompts, strict=True)):
+            prio = priorities[i] if priorities else Priority.INTERACTIVE
+            self.add_request(rid, prompt, plist[i], prio)
+        done: dict[str, RequestOutput] = {}
+        while len(done) < len(ids):
+            for out in self.step():
+                if out.finished:
+                    done[out.request_id] = out
+        return [done[i] for i in ids]
+
+    def stats(self) -> dict[str, Any]:
+        bm = self.block_manager
+        return {
+            "num_running": len(self.scheduler.running),
+            "num_waiting": len(self.scheduler.waiting),
+            "num_blocks": bm.num_blocks,
+            "num_free_blocks": bm.num_free_blocks,
+            "kv_cache_usage": bm.usage,
+            "prefix_cache_queries": bm.prefix_queries,
+            "prefix_cache_hits": bm.prefix_hits,
+            "num_preemptions": self.scheduler.num_preemptions,
+            **self.counters,
+        }

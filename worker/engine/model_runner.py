@@ -1,0 +1,172 @@
+"""Turns a SchedulerOutput into tensors, runs the model, returns logits of sampling rows.
+
+Owns the KV cache: one K and one V tensor per layer, ``[num_blocks, block_size,
+kv_heads, head_dim]``, sized from a memory budget.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from kernels import AttentionMetadata
+from kernels.attention import DecodeGroup, PrefillChunk
+from worker.engine.config import EngineConfig
+from worker.engine.scheduler import ScheduledRequest, SchedulerOutput
+from worker.models.llama import LlamaModel
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class StepResult:
+    logits: torch.Tensor  # [num_sampled, vocab] float32
+    sampled_ids: list[str]  # request ids, row order of logits
+
+
+def available_memory_bytes() -> int:
+    """MemAvailable from /proc/meminfo (Linux); a conservative 4 GiB elsewhere."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 4 << 30
+
+
+class ModelRunner:
+    def __init__(self, model: LlamaModel, config: EngineConfig, max_model_len: int) -> None:
+        self.model = model
+        self.config = config
+        self.block_size = config.block_size
+        self.device = model.device
+        cfg = model.config
+        self.block_bytes = cfg.kv_bytes_per_token(model.dtype.itemsize) * self.block_size
+        self.num_blocks = self._plan_num_blocks(max_model_len)
+        shape = (self.num_blocks, self.block_size, cfg.num_kv_heads, cfg.head_dim)
+        self.kv_caches = [
+            (
+                torch.zeros(shape, dtype=model.dtype, device=self.device),
+                torch.zeros(shape, dtype=model.dtype, device=self.device),
+            )
+            for _ in range(cfg.num_layers)
+        ]
+        log.info(
+            "KV cache: %d blocks of %d tokens (%.1f MiB)",
+            self.num_blocks,
+            self.block_size,
+            self.num_blocks * self.block_bytes / 2**20,
+        )
+
+    def _plan_num_blocks(self, max_model_len: int) -> int:
+        cfg = self.config
+        if cfg.num_kv_blocks is not None:
+            return cfg.num_kv_blocks
+        # Never more than every sequence slot at full length needs.
+        useful = cfg.max_num_seqs * -(-max_model_len // self.block_size)
+        if cfg.kv_cache_memory is not None:
+            budget = cfg.kv_cache_memory
+        elif self.device.type == "cuda":
+            budget = self._profile_cuda_budget()
+        else:
+            budget = int(available_memory_bytes() * cfg.kv_cache_fraction)
+        num = min(budget // self.block_bytes, useful)
+        if num < 1:
+            raise ValueError(
+                f"KV cache budget of {budget} bytes is below one block ({self.block_bytes} bytes)"
+            )
+        return int(num)
+
+    def _profile_cuda_budget(self) -> int:
+        """Like vLLM's gpu_memory_utilization: total x fraction minus the peak of a full step."""
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(self.device)
+        n = self.config.max_num_batched_tokens
+        cfg = self.model.config
+        shape = (-(-n // self.block_size), self.block_size, cfg.num_kv_heads, cfg.head_dim)
+        caches = [
+            (torch.zeros(shape, dtype=self.model.dtype, device=self.device),) * 2
+            for _ in range(cfg.num_layers)
+        ]
+        ids = torch.zeros(n, dtype=torch.long, device=self.device)
+        pos = torch.arange(n, device=self.device)
+        meta = AttentionMetadata(slot_mapping=pos, block_size=self.block_size)
+        meta.prefills.append(PrefillChunk(slice(0, n), 0, torch.arange(shape[0])))
+        self.model.forward(ids, pos, caches, meta, pos[-1:])
+        torch.cuda.synchronize(self.device)
+        peak = torch.cuda.max_memory_allocated(self.device)
+        del caches
+        torch.cuda.empty_cache()
+        total = torch.cuda.get_device_properties(self.device).total_memory
+        return int(total * self.config.kv_cache_fraction) - peak
+
+    def execute(self, out: SchedulerOutput) -> StepResult:
+        # Decode rows (one query token) first, sorted by context so groups pad little.
+        decodes = sorted((s for s in out.scheduled if s.num_tokens == 1), key=lambda s: s.start_pos)
+        prefills = [s for s in out.scheduled if s.num_tokens > 1]
+        ordered = decodes + prefills
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        bs = self.block_size
+        for s in ordered:
+            input_ids.extend(s.token_ids)
+            for pos in range(s.start_pos, s.context_len):
+                positions.append(pos)
+                slots.append(s.block_table[pos // bs] * bs + pos % bs)
+        dev = self.device
+        meta = AttentionMetadata(
+            slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev), block_size=bs
+        )
+        meta.decode_groups = self._decode_groups(decodes)
+        row, logits_rows, sampled_ids = len(decodes), [], []
+        for i, s in enumerate(decodes):
+            logits_rows.append(i)
+            sampled_ids.append(s.request_id)
+        for s in prefills:
+            num_blocks = -(-s.context_len // bs)
+            table = torch.tensor(s.block_table[:num_blocks], dtype=torch.long, device=dev)
+            meta.prefills.append(PrefillChunk(slice(row, row + s.num_tokens), s.start_pos, table))
+            row += s.num_tokens
+            if s.sample:
+                logits_rows.append(row - 1)
+                sampled_ids.append(s.request_id)
+        logits = self.model.forward(
+            torch.tensor(input_ids, dtype=torch.long, device=dev),
+            torch.tensor(positions, dtype=torch.long, device=dev),
+            self.kv_caches,
+            meta,
+            torch.tensor(logits_rows, dtype=torch.long, device=dev),
+        )
+        return StepResult(logits=logits, sampled_ids=sampled_ids)
+
+    def _decode_groups(self, decodes: list[ScheduledRequest]) -> list[DecodeGroup]:
+        """Split decode rows (sorted by length) where padding to the group's longest wastes much."""
+        groups, start = [], 0
+        lengths = [-(-s.context_len // self.block_size) for s in decodes]
+        for i in range(1, len(decodes) + 1):
+            if i < len(decodes) and not (lengths[i] > 2 * lengths[start] and lengths[i] > 8):
+                continue
+            groups.append(self._decode_group(decodes[start:i], slice(start, i), lengths[i - 1]))
+            start = i
+        return groups
+
+    def _decode_group(
+        self, rows: list[ScheduledRequest], where: slice, max_blocks: int
+    ) -> DecodeGroup:
+        bs, dev = self.block_size, self.device
+        tables = [
+            s.block_table[:max_blocks] + [0] * (max_blocks - len(s.block_table)) for s in rows
+        ]
+        tables = [t[:max_blocks] for t in tables]
+        context = torch.tensor([s.context_len for s in rows], device=dev)
+        mask = torch.arange(max_blocks * bs, device=dev).unsqueeze(0) < context.unsqueeze(1)
+        return DecodeGroup(
+            rows=where,
+            block_tables=torch.tensor(tables, dtype=torch.long, device=dev),
+            mask=mask[:, None, None, :],
+        )

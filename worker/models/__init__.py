@@ -1,0 +1,1 @@
+"""Llama-family model code: config parsing, weight loading, tokenizer, random-weight models."""
