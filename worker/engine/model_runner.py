@@ -105,68 +105,84 @@ class ModelRunner:
         return int(total * self.config.kv_cache_fraction) - peak
 
     def execute(self, out: SchedulerOutput) -> StepResult:
-        # Decode rows (one query token) first, sorted by context so groups pad little.
-        decodes = sorted((s for s in out.scheduled if s.num_tokens == 1), key=lambda s: s.start_pos)
-        prefills = [s for s in out.scheduled if s.num_tokens > 1]
-        ordered = decodes + prefills
-        input_ids: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        bs = self.block_size
-        for s in ordered:
-            input_ids.extend(s.token_ids)
-            for pos in range(s.start_pos, s.context_len):
-                positions.append(pos)
-                slots.append(s.block_table[pos // bs] * bs + pos % bs)
-        dev = self.device
-        meta = AttentionMetadata(
-            slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev), block_size=bs
-        )
-        meta.decode_groups = self._decode_groups(decodes)
-        row, logits_rows, sampled_ids = len(decodes), [], []
-        for i, s in enumerate(decodes):
-            logits_rows.append(i)
-            sampled_ids.append(s.request_id)
-        for s in prefills:
-            num_blocks = -(-s.context_len // bs)
-            table = torch.tensor(s.block_table[:num_blocks], dtype=torch.long, device=dev)
-            meta.prefills.append(PrefillChunk(slice(row, row + s.num_tokens), s.start_pos, table))
-            row += s.num_tokens
-            if s.sample:
-                logits_rows.append(row - 1)
-                sampled_ids.append(s.request_id)
+        step = build_step_inputs(out.scheduled, self.block_size, self.device)
         logits = self.model.forward(
-            torch.tensor(input_ids, dtype=torch.long, device=dev),
-            torch.tensor(positions, dtype=torch.long, device=dev),
-            self.kv_caches,
-            meta,
-            torch.tensor(logits_rows, dtype=torch.long, device=dev),
+            step.input_ids, step.positions, self.kv_caches, step.meta, step.logits_rows
         )
-        return StepResult(logits=logits, sampled_ids=sampled_ids)
+        return StepResult(logits=logits, sampled_ids=step.sampled_ids)
 
-    def _decode_groups(self, decodes: list[ScheduledRequest]) -> list[DecodeGroup]:
-        """Split decode rows (sorted by length) where padding to the group's longest wastes much."""
-        groups, start = [], 0
-        lengths = [-(-s.context_len // self.block_size) for s in decodes]
-        for i in range(1, len(decodes) + 1):
-            if i < len(decodes) and not (lengths[i] > 2 * lengths[start] and lengths[i] > 8):
-                continue
-            groups.append(self._decode_group(decodes[start:i], slice(start, i), lengths[i - 1]))
-            start = i
-        return groups
 
-    def _decode_group(
-        self, rows: list[ScheduledRequest], where: slice, max_blocks: int
-    ) -> DecodeGroup:
-        bs, dev = self.block_size, self.device
-        tables = [
-            s.block_table[:max_blocks] + [0] * (max_blocks - len(s.block_table)) for s in rows
-        ]
-        tables = [t[:max_blocks] for t in tables]
-        context = torch.tensor([s.context_len for s in rows], device=dev)
-        mask = torch.arange(max_blocks * bs, device=dev).unsqueeze(0) < context.unsqueeze(1)
-        return DecodeGroup(
-            rows=where,
-            block_tables=torch.tensor(tables, dtype=torch.long, device=dev),
-            mask=mask[:, None, None, :],
+@dataclass
+class StepInputs:
+    order: list[ScheduledRequest]  # row order of the flattened batch
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    meta: AttentionMetadata
+    logits_rows: torch.Tensor
+    sampled_ids: list[str]
+
+
+def build_step_inputs(
+    scheduled: list[ScheduledRequest], block_size: int, device: torch.device
+) -> StepInputs:
+    """Flatten a step: decode rows first (sorted by context, grouped), then prefill chunks."""
+    decodes = sorted((s for s in scheduled if s.num_tokens == 1), key=lambda s: s.start_pos)
+    prefills = [s for s in scheduled if s.num_tokens > 1]
+    order = decodes + prefills
+    input_ids: list[int] = []
+    positions: list[int] = []
+    slots: list[int] = []
+    bs = block_size
+    for s in order:
+        input_ids.extend(s.token_ids)
+        table = s.block_table
+        for pos in range(s.start_pos, s.context_len):
+            positions.append(pos)
+            slots.append(table[pos // bs] * bs + pos % bs)
+    meta = AttentionMetadata(
+        slot_mapping=torch.tensor(slots, dtype=torch.long, device=device), block_size=bs
+    )
+    meta.decode_groups = _decode_groups(decodes, bs, device)
+    logits_rows = list(range(len(decodes)))
+    sampled_ids = [s.request_id for s in decodes]
+    row = len(decodes)
+    for s in prefills:
+        num_blocks = -(-s.context_len // bs)
+        table_t = torch.tensor(s.block_table[:num_blocks], dtype=torch.long, device=device)
+        meta.prefills.append(PrefillChunk(slice(row, row + s.num_tokens), s.start_pos, table_t))
+        row += s.num_tokens
+        if s.sample:
+            logits_rows.append(row - 1)
+            sampled_ids.append(s.request_id)
+    return StepInputs(
+        order=order,
+        input_ids=torch.tensor(input_ids, dtype=torch.long, device=device),
+        positions=torch.tensor(positions, dtype=torch.long, device=device),
+        meta=meta,
+        logits_rows=torch.tensor(logits_rows, dtype=torch.long, device=device),
+        sampled_ids=sampled_ids,
+    )
+
+
+def _decode_groups(
+    decodes: list[ScheduledRequest], block_size: int, device: torch.device
+) -> list[DecodeGroup]:
+    """Split decode rows (sorted by length) where padding to the group's longest wastes much."""
+    groups, start = [], 0
+    lengths = [-(-s.context_len // block_size) for s in decodes]
+    for i in range(1, len(decodes) + 1):
+        if i < len(decodes) and not (lengths[i] > 2 * lengths[start] and lengths[i] > 8):
+            continue
+        rows, width = decodes[start:i], lengths[i - 1]
+        tables = [s.block_table[:width] + [0] * (width - len(s.block_table)) for s in rows]
+        context = torch.tensor([s.context_len for s in rows], device=device)
+        mask = torch.arange(width * block_size, device=device).unsqueeze(0) < context.unsqueeze(1)
+        groups.append(
+            DecodeGroup(
+                rows=slice(start, i),
+                block_tables=torch.tensor(tables, dtype=torch.long, device=device),
+                mask=mask[:, None, None, :],
+            )
         )
+        start = i
+    return groups

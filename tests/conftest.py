@@ -1,0 +1,42 @@
+"""Shared fixtures: model folders (stories260K from ../shared, dummy models in a temp cache)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+STORIES = Path(os.environ.get("TIDE_STORIES_PATH", ROOT.parent / "shared/models/stories260K"))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _dummy_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
+    os.environ["TIDE_CACHE_DIR"] = str(tmp_path_factory.mktemp("tide-cache"))
+
+
+@pytest.fixture(scope="session")
+def stories_path() -> Path:
+    if not (STORIES / "model.safetensors").is_file():
+        pytest.skip(f"stories260K not found at {STORIES}")
+    return STORIES
+
+
+@pytest.fixture(scope="session")
+def stories_refs(stories_path: Path) -> list[dict]:
+    return json.loads((stories_path / "reference_outputs.json").read_text())["references"]
+
+
+@pytest.fixture(scope="session")
+def tiny_path(_dummy_cache: None) -> Path:
+    from worker.models.dummy import resolve_model_path
+
+    return resolve_model_path("dummy:tiny")
+
+
+def make_engine(path: Path | str, dtype: str = "float32", **config):
+    from worker.engine import LLMEngine
+
+    return LLMEngine.from_pretrained(str(path), dtype=dtype, device="cpu", **config)
