@@ -1,8 +1,10 @@
 """Paged attention and KV-cache write: the torch reference (CPU, and any device).
 
-Cache layout per layer: ``[num_blocks, block_size, num_kv_heads, head_dim]`` for K and
-for V. A token at position p of a sequence lives in slot
-``block_table[p // block_size] * block_size + p % block_size``.
+Cache layout per layer, for K and for V: ``[num_kv_heads, num_blocks, block_size,
+head_dim]`` (head-major), so gathering a sequence's blocks yields one contiguous
+``[kv_heads, tokens, head_dim]`` matrix per head with no transposing copy. A token at
+position p of a sequence lives in slot ``block_table[p // block_size] * block_size +
+p % block_size``.
 
 The step's tokens are flattened into one batch and ordered decode rows first (one
 query token each, attended in one batched call per length group), then prefill
@@ -23,7 +25,7 @@ class DecodeGroup:
 
     rows: slice
     block_tables: torch.Tensor  # [n, max_blocks] int64, padded with block 0
-    mask: torch.Tensor  # [n, 1, 1, max_blocks * block_size] bool: key is visible
+    mask: torch.Tensor  # [1, n, 1, max_blocks * block_size] bool: key is visible
 
 
 @dataclass
@@ -51,9 +53,9 @@ def write_kv_cache(
     slot_mapping: torch.Tensor,
 ) -> None:
     """Scatter the step's new K and V ([T, kv_heads, head_dim]) into their cache slots."""
-    num_kv_heads, head_dim = key.shape[1], key.shape[2]
-    k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, key)
-    v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, value)
+    num_kv_heads, head_dim = k_cache.shape[0], k_cache.shape[3]
+    k_cache.view(num_kv_heads, -1, head_dim).index_copy_(1, slot_mapping, key.transpose(0, 1))
+    v_cache.view(num_kv_heads, -1, head_dim).index_copy_(1, slot_mapping, value.transpose(0, 1))
 
 
 def paged_attention(
@@ -85,13 +87,17 @@ def _decode_attention(
     group: DecodeGroup,
     scale: float,
 ) -> torch.Tensor:
-    n, num_kv_heads, head_dim = query.shape[0], k_cache.shape[2], k_cache.shape[3]
-    keys = k_cache[group.block_tables].view(n, -1, num_kv_heads, head_dim).transpose(1, 2)
-    values = v_cache[group.block_tables].view(n, -1, num_kv_heads, head_dim).transpose(1, 2)
-    out = F.scaled_dot_product_attention(
-        query.unsqueeze(2), keys, values, attn_mask=group.mask, scale=scale, enable_gqa=True
-    )
-    return out.squeeze(2)
+    # Each KV head with its query heads acts as one "sequence" of G query tokens:
+    # SDPA batch = kv heads, SDPA heads = requests, so every K/V row is read once per
+    # group of query heads and the 4-D flash kernel applies.
+    n, num_heads, head_dim = query.shape
+    num_kv_heads = k_cache.shape[0]
+    q = query.view(n, num_kv_heads, num_heads // num_kv_heads, head_dim).transpose(0, 1)
+    blocks = group.block_tables.view(-1)  # index_select copies rows ~1.6x faster than [:, t]
+    keys = k_cache.index_select(1, blocks).view(num_kv_heads, n, -1, head_dim)
+    values = v_cache.index_select(1, blocks).view(num_kv_heads, n, -1, head_dim)
+    out = F.scaled_dot_product_attention(q, keys, values, attn_mask=group.mask, scale=scale)
+    return out.transpose(0, 1).reshape(n, num_heads, head_dim)
 
 
 def _prefill_attention(
@@ -103,18 +109,23 @@ def _prefill_attention(
     chunk: PrefillChunk,
     scale: float,
 ) -> torch.Tensor:
-    q = query[chunk.rows].transpose(0, 1)  # [heads, q_len, head_dim]
+    # 4-D tensors throughout: 3-D inputs send SDPA to its slow math path on CPU.
+    q = query[chunk.rows].transpose(0, 1).unsqueeze(0)  # [1, heads, q_len, head_dim]
     if chunk.start_pos == 0:
-        k, v = key[chunk.rows].transpose(0, 1), value[chunk.rows].transpose(0, 1)
+        k = key[chunk.rows].transpose(0, 1).unsqueeze(0)
+        v = value[chunk.rows].transpose(0, 1).unsqueeze(0)
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=True)
-        return out.transpose(0, 1)
-    q_len = q.shape[1]
+        return out[0].transpose(0, 1)
+    q_len = q.shape[2]
     context_len = chunk.start_pos + q_len
-    num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
-    k = k_cache[chunk.block_table].view(-1, num_kv_heads, head_dim)[:context_len].transpose(0, 1)
-    v = v_cache[chunk.block_table].view(-1, num_kv_heads, head_dim)[:context_len].transpose(0, 1)
+    num_kv_heads, head_dim = k_cache.shape[0], k_cache.shape[3]
+    k = k_cache.index_select(1, chunk.block_table).view(num_kv_heads, -1, head_dim)
+    v = v_cache.index_select(1, chunk.block_table).view(num_kv_heads, -1, head_dim)
+    k, v = k[:, :context_len], v[:, :context_len]
     # Query i sits at position start_pos + i and sees keys 0 ..= start_pos + i.
     q_pos = torch.arange(chunk.start_pos, context_len, device=q.device).unsqueeze(1)
     mask = torch.arange(context_len, device=q.device).unsqueeze(0) <= q_pos
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
-    return out.transpose(0, 1)
+    out = F.scaled_dot_product_attention(
+        q, k.unsqueeze(0), v.unsqueeze(0), attn_mask=mask, scale=scale, enable_gqa=True
+    )
+    return out[0].transpose(0, 1)

@@ -36,7 +36,7 @@ def test_mixed_decode_and_prefill_rows(ratio, block_size, dtype):
     # prefill after a cached prefix.
     seqs = [(1, 0), (5, 4), (37, 36), (300, 299), (23, 0), (50, 17)]
     num_blocks = sum(-(-n // block_size) for n, _ in seqs) + 3
-    k_cache = torch.zeros(num_blocks, block_size, kvh, hd, dtype=dtype)
+    k_cache = torch.zeros(kvh, num_blocks, block_size, hd, dtype=dtype)
     v_cache = torch.zeros_like(k_cache)
     free = torch.randperm(num_blocks, generator=gen).tolist()  # scattered blocks
     data, scheduled = {}, []

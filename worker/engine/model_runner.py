@@ -1,7 +1,8 @@
 """Turns a SchedulerOutput into tensors, runs the model, returns logits of sampling rows.
 
-Owns the KV cache: one K and one V tensor per layer, ``[num_blocks, block_size,
-kv_heads, head_dim]``, sized from a memory budget.
+Owns the KV cache: one K and one V tensor per layer, ``[kv_heads, num_blocks,
+block_size, head_dim]`` (the layout ``kernels.attention`` documents), sized from a
+memory budget.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ class ModelRunner:
         cfg = model.config
         self.block_bytes = cfg.kv_bytes_per_token(model.dtype.itemsize) * self.block_size
         self.num_blocks = self._plan_num_blocks(max_model_len)
-        shape = (self.num_blocks, self.block_size, cfg.num_kv_heads, cfg.head_dim)
+        shape = (cfg.num_kv_heads, self.num_blocks, self.block_size, cfg.head_dim)
         self.kv_caches = [
             (
                 torch.zeros(shape, dtype=model.dtype, device=self.device),
@@ -87,7 +88,7 @@ class ModelRunner:
         torch.cuda.reset_peak_memory_stats(self.device)
         n = self.config.max_num_batched_tokens
         cfg = self.model.config
-        shape = (-(-n // self.block_size), self.block_size, cfg.num_kv_heads, cfg.head_dim)
+        shape = (cfg.num_kv_heads, -(-n // self.block_size), self.block_size, cfg.head_dim)
         caches = [
             (torch.zeros(shape, dtype=self.model.dtype, device=self.device),) * 2
             for _ in range(cfg.num_layers)
@@ -95,7 +96,7 @@ class ModelRunner:
         ids = torch.zeros(n, dtype=torch.long, device=self.device)
         pos = torch.arange(n, device=self.device)
         meta = AttentionMetadata(slot_mapping=pos, block_size=self.block_size)
-        meta.prefills.append(PrefillChunk(slice(0, n), 0, torch.arange(shape[0])))
+        meta.prefills.append(PrefillChunk(slice(0, n), 0, torch.arange(shape[1])))
         self.model.forward(ids, pos, caches, meta, pos[-1:])
         torch.cuda.synchronize(self.device)
         peak = torch.cuda.max_memory_allocated(self.device)
@@ -181,7 +182,7 @@ def _decode_groups(
             DecodeGroup(
                 rows=slice(start, i),
                 block_tables=torch.tensor(tables, dtype=torch.long, device=device),
-                mask=mask[:, None, None, :],
+                mask=mask[None, :, None, :],
             )
         )
         start = i

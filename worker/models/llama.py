@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels import AttentionMetadata, paged_attention, write_kv_cache
+from kernels.linear import Linear
 from worker.models.config import ModelConfig
 from worker.models.rope import RotaryEmbedding, apply_rotary
 
@@ -20,21 +21,15 @@ from worker.models.rope import RotaryEmbedding, apply_rotary
 @dataclass
 class LayerWeights:
     input_norm: torch.Tensor
-    qkv: torch.Tensor
-    qkv_bias: torch.Tensor | None
-    o: torch.Tensor
-    o_bias: torch.Tensor | None
+    qkv: Linear  # q | k | v fused
+    o: Linear
     post_norm: torch.Tensor
-    gate_up: torch.Tensor
-    gate_up_bias: torch.Tensor | None
-    down: torch.Tensor
-    down_bias: torch.Tensor | None
+    gate_up: Linear  # gate | up fused
+    down: Linear
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * xf.to(x.dtype)
+    return F.rms_norm(x, weight.shape, weight, eps)
 
 
 class LlamaModel:
@@ -44,7 +39,7 @@ class LlamaModel:
         embed: torch.Tensor,
         layers: list[LayerWeights],
         norm: torch.Tensor,
-        lm_head: torch.Tensor,
+        lm_head: Linear,
     ) -> None:
         self.config = config
         self.embed = embed
@@ -75,21 +70,21 @@ class LlamaModel:
         logits_indices: torch.Tensor,
     ) -> torch.Tensor:
         """Run the step's tokens; return float32 logits for the rows in logits_indices."""
-        cfg = self.config
+        cfg, n, hd = self.config, input_ids.shape[0], self.config.head_dim
         cos, sin = self.rope.tables(positions)
         hidden = F.embedding(input_ids, self.embed)
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
             x = rms_norm(hidden, layer.input_norm, cfg.rms_norm_eps)
-            qkv = F.linear(x, layer.qkv, layer.qkv_bias)
-            q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-            q = apply_rotary(q.view(-1, cfg.num_heads, cfg.head_dim), cos, sin)
-            k = apply_rotary(k.view(-1, cfg.num_kv_heads, cfg.head_dim), cos, sin)
-            v = v.view(-1, cfg.num_kv_heads, cfg.head_dim)
+            qkv = layer.qkv(x)
+            # q and k are adjacent in the fused output: rotate them in one go.
+            qk = apply_rotary(qkv[:, : self.q_size + self.kv_size].view(n, -1, hd), cos, sin)
+            q, k = qk.split([cfg.num_heads, cfg.num_kv_heads], dim=1)
+            v = qkv[:, self.q_size + self.kv_size :].view(n, cfg.num_kv_heads, hd)
             write_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping)
             attn = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale)
-            hidden = hidden + F.linear(attn.reshape(-1, self.q_size), layer.o, layer.o_bias)
+            hidden = hidden + layer.o(attn.reshape(n, self.q_size))
             x = rms_norm(hidden, layer.post_norm, cfg.rms_norm_eps)
-            gate, up = F.linear(x, layer.gate_up, layer.gate_up_bias).chunk(2, dim=-1)
-            hidden = hidden + F.linear(F.silu(gate) * up, layer.down, layer.down_bias)
+            gate, up = layer.gate_up(x).chunk(2, dim=-1)
+            hidden = hidden + layer.down(F.silu(gate) * up)
         hidden = rms_norm(hidden[logits_indices], self.norm, cfg.rms_norm_eps)
-        return F.linear(hidden, self.lm_head).float()
+        return self.lm_head(hidden).float()

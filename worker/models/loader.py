@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from kernels.linear import Linear
 from worker.models.config import ModelConfig, ModelLoadError
 from worker.models.llama import LayerWeights, LlamaModel
 
@@ -107,24 +108,31 @@ def _build(
             p = f"model.layers.{i}."
             a, m = p + "self_attn.", p + "mlp."
             qkv_names = [a + "q_proj", a + "k_proj", a + "v_proj"]
+            gate_up = [m + "gate_proj", m + "up_proj"]
             yield LayerWeights(
                 input_norm=get(p + "input_layernorm.weight", d),
-                qkv=cat([n + ".weight" for n in qkv_names], [(q, d), (kv, d), (kv, d)]),
-                qkv_bias=cat([n + ".bias" for n in qkv_names], [(q,), (kv,), (kv,)])
-                if cfg.qkv_bias
-                else None,
-                o=get(a + "o_proj.weight", d, q),
-                o_bias=get(a + "o_proj.bias", d) if cfg.o_bias else None,
+                qkv=Linear(
+                    cat([n + ".weight" for n in qkv_names], [(q, d), (kv, d), (kv, d)]),
+                    cat([n + ".bias" for n in qkv_names], [(q,), (kv,), (kv,)])
+                    if cfg.qkv_bias
+                    else None,
+                ),
+                o=Linear(
+                    get(a + "o_proj.weight", d, q),
+                    get(a + "o_proj.bias", d) if cfg.o_bias else None,
+                ),
                 post_norm=get(p + "post_attention_layernorm.weight", d),
-                gate_up=cat([m + "gate_proj.weight", m + "up_proj.weight"], [(inter, d)] * 2),
-                gate_up_bias=cat([m + "gate_proj.bias", m + "up_proj.bias"], [(inter,)] * 2)
-                if cfg.mlp_bias
-                else None,
-                down=get(m + "down_proj.weight", d, inter),
-                down_bias=get(m + "down_proj.bias", d) if cfg.mlp_bias else None,
+                gate_up=Linear(
+                    cat([n + ".weight" for n in gate_up], [(inter, d)] * 2),
+                    cat([n + ".bias" for n in gate_up], [(inter,)] * 2) if cfg.mlp_bias else None,
+                ),
+                down=Linear(
+                    get(m + "down_proj.weight", d, inter),
+                    get(m + "down_proj.bias", d) if cfg.mlp_bias else None,
+                ),
             )
 
     embed = get("model.embed_tokens.weight", cfg.vocab_size, d)
     tied = cfg.tie_word_embeddings
-    lm_head = embed if tied else get("lm_head.weight", cfg.vocab_size, d)
+    lm_head = Linear(embed if tied else get("lm_head.weight", cfg.vocab_size, d))
     return LlamaModel(cfg, embed, list(layers()), get("model.norm.weight", d), lm_head)
