@@ -96,6 +96,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     assert engine.tokenizer is not None
+    if args.model.startswith("dummy:"):
+        print(f"note: {args.model} has random weights; its text is meaningless", file=sys.stderr)
     base = {
         "max_tokens": args.max_tokens,
         "temperature": args.temperature,

@@ -80,6 +80,16 @@ def paged_attention(
     return out
 
 
+def _gather_blocks(cache: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
+    """[kv_heads, len(block_ids), block_size * head_dim]: the blocks, copied contiguously.
+
+    index_select on a 3-D view copies whole rows; on the 4-D cache (or with
+    advanced indexing) it takes a per-element path several times slower.
+    """
+    num_kv_heads, num_blocks = cache.shape[0], cache.shape[1]
+    return cache.view(num_kv_heads, num_blocks, -1).index_select(1, block_ids)
+
+
 def _decode_attention(
     query: torch.Tensor,
     k_cache: torch.Tensor,
@@ -93,9 +103,10 @@ def _decode_attention(
     n, num_heads, head_dim = query.shape
     num_kv_heads = k_cache.shape[0]
     q = query.view(n, num_kv_heads, num_heads // num_kv_heads, head_dim).transpose(0, 1)
-    blocks = group.block_tables.view(-1)  # index_select copies rows ~1.6x faster than [:, t]
-    keys = k_cache.index_select(1, blocks).view(num_kv_heads, n, -1, head_dim)
-    values = v_cache.index_select(1, blocks).view(num_kv_heads, n, -1, head_dim)
+    keys = _gather_blocks(k_cache, group.block_tables.view(-1)).view(num_kv_heads, n, -1, head_dim)
+    values = _gather_blocks(v_cache, group.block_tables.view(-1)).view(
+        num_kv_heads, n, -1, head_dim
+    )
     out = F.scaled_dot_product_attention(q, keys, values, attn_mask=group.mask, scale=scale)
     return out.transpose(0, 1).reshape(n, num_heads, head_dim)
 
@@ -119,8 +130,8 @@ def _prefill_attention(
     q_len = q.shape[2]
     context_len = chunk.start_pos + q_len
     num_kv_heads, head_dim = k_cache.shape[0], k_cache.shape[3]
-    k = k_cache.index_select(1, chunk.block_table).view(num_kv_heads, -1, head_dim)
-    v = v_cache.index_select(1, chunk.block_table).view(num_kv_heads, -1, head_dim)
+    k = _gather_blocks(k_cache, chunk.block_table).view(num_kv_heads, -1, head_dim)
+    v = _gather_blocks(v_cache, chunk.block_table).view(num_kv_heads, -1, head_dim)
     k, v = k[:, :context_len], v[:, :context_len]
     # Query i sits at position start_pos + i and sees keys 0 ..= start_pos + i.
     q_pos = torch.arange(chunk.start_pos, context_len, device=q.device).unsqueeze(1)
