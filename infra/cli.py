@@ -52,7 +52,60 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--no-prefix-caching", action="store_true")
     gen.add_argument("--json", action="store_true", help="one JSON object per prompt on stdout")
     gen.set_defaults(func=cmd_generate)
+
+    up = sub.add_parser(
+        "up",
+        help="start a local fleet: Redis, gateway, workers, webhook sender, reaper",
+        description="Start the embedded fleet (Redis unless REDIS_URL is set). Ctrl-C stops it.",
+    )
+    up.add_argument("--model", default=None, help="HF folder or dummy:PRESET (default: settings)")
+    up.add_argument("--workers", type=int, default=1)
+    up.add_argument("--port", type=int, default=8000)
+    up.add_argument("--host", default="127.0.0.1")
+    up.add_argument("--data-dir", default=None, help="embedded Redis AOF folder (default .tide)")
+    _engine_flags(up)
+    up.set_defaults(func=cmd_up)
+
+    wk = sub.add_parser(
+        "worker",
+        help="run one worker: pull jobs from its buckets into an engine",
+        description="Consume the given buckets (preference order), interactive before batch.",
+    )
+    wk.add_argument("--pool", default="default")
+    wk.add_argument("--buckets", default="short,medium,long", help="comma-separated, in order")
+    wk.add_argument("--model", default=None, help="HF folder or dummy:PRESET (default: settings)")
+    _engine_flags(wk)
+    wk.set_defaults(func=cmd_worker)
+
+    rp = sub.add_parser("reaper", help="re-queue jobs whose worker lease expired")
+    rp.set_defaults(func=cmd_reaper)
+
+    sm = sub.add_parser("submit", help="submit a job to a running gateway")
+    sm.add_argument("text")
+    sm.add_argument("--max-tokens", type=int, default=64)
+    sm.add_argument("--temperature", type=float, default=0.0)
+    sm.add_argument("--wait", action="store_true", help="poll until the job ends; print its text")
+    _client_flags(sm)
+    sm.set_defaults(func=cmd_submit)
+
+    st = sub.add_parser("status", help="show a job")
+    st.add_argument("job_id")
+    _client_flags(st)
+    st.set_defaults(func=cmd_status)
     return parser
+
+
+def _engine_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None)
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    p.add_argument("--kv-cache-memory", type=int, default=None, help="KV pool size in bytes")
+    p.add_argument("--max-num-seqs", type=int, default=64)
+    p.add_argument("--max-num-batched-tokens", type=int, default=1024)
+
+
+def _client_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--url", default="http://127.0.0.1:8000", help="gateway base URL")
+    p.add_argument("--api-key", default=None, help="bearer key (when the gateway requires one)")
 
 
 def _load_prompts(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -133,6 +186,84 @@ def cmd_generate(args: argparse.Namespace) -> int:
         else:
             print(f"{item['prompt']}{out.text}\n[{out.finish_reason}, {len(out.token_ids)} tokens]")
     return 0
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from infra.settings import get_settings
+    from worker.engine import LLMEngine
+    from worker.service import WorkerService
+
+    settings = get_settings()
+    model = args.model or settings.model
+    engine = LLMEngine.from_pretrained(
+        model,
+        dtype=args.dtype,
+        device=args.device,
+        kv_cache_memory=args.kv_cache_memory,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+    )
+    buckets = [b.strip() for b in args.buckets.split(",") if b.strip()]
+    service = WorkerService(engine, settings, args.pool, buckets)
+    service.install_signal_handlers()
+    service.run()
+    return 0
+
+
+def cmd_reaper(args: argparse.Namespace) -> int:
+    import signal
+    import threading
+
+    from infra.reaper import run_reaper
+    from infra.settings import get_settings
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    run_reaper(get_settings(), stop)
+    return 0
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    from infra.fleet import LocalFleet
+
+    return LocalFleet(args).run()
+
+
+def _client(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    import httpx
+
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    return httpx.Client(base_url=args.url, headers=headers, timeout=30)
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    import time
+
+    with _client(args) as client:
+        body = {"prompt": args.text, "max_tokens": args.max_tokens, "temperature": args.temperature}
+        r = client.post("/v1/jobs", json=body)
+        if r.status_code != 202:
+            print(f"error: {r.status_code} {r.text}", file=sys.stderr)
+            return 1
+        job = r.json()
+        if not args.wait:
+            print(json.dumps(job))
+            return 0
+        while True:
+            job = client.get(f"/v1/jobs/{job['id']}").json()
+            if job["status"] not in ("queued", "in_progress"):
+                break
+            time.sleep(0.1)
+        print(json.dumps(job, indent=2))
+        return 0 if job["status"] == "completed" else 1
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        r = client.get(f"/v1/jobs/{args.job_id}")
+        print(json.dumps(r.json(), indent=2))
+        return 0 if r.status_code == 200 else 1
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,6 +19,7 @@ from safetensors.torch import save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 
 from worker.models.config import ModelLoadError
+from worker.models.registry import DEFAULT_SEED, model_folder, parse_dummy
 
 SPECIALS = ["<pad>", "<s>", "</s>", "<unk>"]
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = range(4)
@@ -35,8 +36,6 @@ PRESETS: dict[str, dict[str, Any]] = {
     "bench": dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=9,
                   num_attention_heads=16, num_key_value_heads=4, max_position_embeddings=4096),
 }  # fmt: skip
-
-DEFAULT_SEED = 0
 
 
 def byte_to_unicode() -> dict[int, str]:
@@ -146,18 +145,14 @@ def save_dummy(preset: str, out: str | Path, seed: int = DEFAULT_SEED) -> Path:
     return out
 
 
-def cache_dir() -> Path:
-    return Path(os.environ.get("TIDE_CACHE_DIR") or Path.home() / ".cache" / "tide")
-
-
 def resolve_model_path(model: str) -> Path:
     """A folder path as is; ``dummy:<preset>[:seed]`` materialised once into the cache."""
-    if not model.startswith("dummy:"):
+    dummy = parse_dummy(model)
+    if dummy is None:
         return Path(model)
-    _, preset, *rest = model.split(":")
-    seed = int(rest[0]) if rest else DEFAULT_SEED
+    preset, seed = dummy
     hf_config(preset)  # validates the preset name
-    target = cache_dir() / "dummy" / f"{preset}-seed{seed}"
+    target = model_folder(model)
     if (target / "model.safetensors").is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)

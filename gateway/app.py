@@ -1,0 +1,87 @@
+"""The FastAPI application. It only wires routers, state and error handling.
+
+Never imports torch: token counting uses the `tokenizers` library on the same
+tokenizer.json the workers load (tests/gateway/test_no_torch.py proves it).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import redis
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from gateway.deps import GatewayState
+from gateway.metrics import record_request
+from gateway.routes import health, jobs, openai
+from infra.jobstore import JobStore
+from infra.settings import Settings, get_settings
+from worker.models.config import ModelConfig
+from worker.models.registry import model_folder
+from worker.models.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+
+def load_state(settings: Settings) -> GatewayState:
+    if not settings.redis_url:
+        raise RuntimeError("the gateway needs REDIS_URL (tide up starts an embedded Redis)")
+    client = redis.Redis.from_url(settings.redis_url)
+    state = GatewayState(settings, client, JobStore(client), None, None, settings.model)
+    folder = model_folder(settings.model)
+    try:
+        state.tokenizer = Tokenizer(folder)
+        state.model_config = ModelConfig.from_folder(folder)
+    except (OSError, ValueError) as e:
+        state.load_error = f"cannot load the tokenizer of {settings.model!r} from {folder}: {e}"
+        log.error(state.load_error)
+    return state
+
+
+def _error(
+    status: int, message: str, kind: str, headers: dict[str, str] | None = None
+) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": kind}}, status, headers=headers)
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or get_settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        app.state.tide = load_state(settings)
+        yield
+        app.state.tide.redis.close()
+
+    app = FastAPI(
+        title="Tide",
+        version="0.1.0",
+        description="Queue-driven LLM inference: submit jobs, poll or stream them, get webhooks.",
+        lifespan=lifespan,
+    )
+    app.middleware("http")(record_request)
+    for module in (jobs, openai, health):
+        app.include_router(module.router)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        kind = "rate_limit_error" if exc.status_code == 429 else "invalid_request_error"
+        return _error(exc.status_code, str(exc.detail), kind, exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        parts = []
+        for err in exc.errors():
+            loc = ".".join(str(p) for p in err.get("loc", ()) if p != "body") or "body"
+            parts.append(f"{loc}: {err.get('msg')}")
+        return _error(422, "; ".join(parts), "invalid_request_error")
+
+    return app
+
+
+app = create_app()

@@ -1,0 +1,51 @@
+"""Shared dependencies of the routes: settings, the job store, the tokenizer, the tenant."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated
+
+import redis
+from fastapi import Depends, HTTPException, Request
+
+from infra.jobstore import JobStore
+from infra.settings import Settings
+from worker.models.config import ModelConfig
+from worker.models.tokenizer import Tokenizer
+
+
+@dataclass
+class GatewayState:
+    settings: Settings
+    redis: redis.Redis
+    store: JobStore
+    tokenizer: Tokenizer | None
+    model_config: ModelConfig | None
+    model_name: str
+    load_error: str | None = None
+
+
+def get_state(request: Request) -> GatewayState:
+    state: GatewayState = request.app.state.tide
+    return state
+
+
+StateDep = Annotated[GatewayState, Depends(get_state)]
+
+
+def current_tenant(request: Request, state: StateDep) -> str:
+    keys = state.settings.api_keys
+    if not keys:
+        return "default"
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or token not in keys:
+        raise HTTPException(
+            status_code=401,
+            detail="missing or invalid API key: send 'Authorization: Bearer <key>'",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+    return keys[token]
+
+
+TenantDep = Annotated[str, Depends(current_tenant)]

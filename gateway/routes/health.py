@@ -1,0 +1,47 @@
+"""Liveness, readiness and Prometheus metrics."""
+
+from __future__ import annotations
+
+import redis
+from fastapi import APIRouter, Response
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from gateway.deps import StateDep
+from gateway.metrics import QUEUE_DEPTH, registry
+from infra.protocol import BUCKETS, Priority, queue_name
+
+router = APIRouter(tags=["health"])
+
+
+@router.get("/healthz")
+def healthz() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+@router.get("/readyz")
+def readyz(state: StateDep) -> JSONResponse:
+    checks = {"tokenizer": state.tokenizer is not None}
+    try:
+        checks["redis"] = bool(state.redis.ping())
+    except redis.RedisError:
+        checks["redis"] = False
+    ok = all(checks.values())
+    body = {"status": "ready" if ok else "not ready", "checks": checks}
+    if state.load_error:
+        body["error"] = state.load_error
+    return JSONResponse(body, status_code=200 if ok else 503)
+
+
+@router.get("/metrics")
+def metrics(state: StateDep) -> Response:
+    names = [queue_name(b, p) for b in BUCKETS for p in Priority]
+    try:
+        pipe = state.redis.pipeline(transaction=False)
+        for name in names:
+            pipe.llen(name)
+        for name, depth in zip(names, pipe.execute(), strict=True):
+            QUEUE_DEPTH.labels(name).set(depth)
+    except redis.RedisError:
+        pass
+    return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,129 @@
+"""``tide up``: the embedded fleet as child processes, stopped cleanly on Ctrl-C."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+from infra.reaper import run_reaper
+from infra.redis_server import EmbeddedRedis
+from infra.settings import Settings
+
+
+class LocalFleet:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.procs: list[tuple[str, subprocess.Popen[bytes]]] = []
+        self.redis: EmbeddedRedis | None = None
+        self.stop = threading.Event()
+
+    def _spawn(self, name: str, argv: list[str], env: dict[str, str]) -> None:
+        self.procs.append((name, subprocess.Popen(argv, env=env)))
+
+    def _engine_argv(self) -> list[str]:
+        a = self.args
+        argv = ["--device", a.device, "--max-num-seqs", str(a.max_num_seqs)]
+        argv += ["--max-num-batched-tokens", str(a.max_num_batched_tokens)]
+        if a.dtype:
+            argv += ["--dtype", a.dtype]
+        if a.kv_cache_memory:
+            argv += ["--kv-cache-memory", str(a.kv_cache_memory)]
+        return argv
+
+    def run(self) -> int:
+        from worker.models.dummy import resolve_model_path  # torch: only in this parent
+
+        a = self.args
+        env = dict(os.environ)
+        if a.model:
+            env["TIDE_MODEL"] = a.model
+        if a.data_dir:
+            env["TIDE_DATA_DIR"] = a.data_dir
+        settings = Settings(**({"model": a.model} if a.model else {}))
+        model = settings.model
+        resolve_model_path(model)  # materialise a dummy model once, before the children start
+        if not settings.redis_url:
+            data = Path(a.data_dir or settings.data_dir) / "redis"
+            self.redis = EmbeddedRedis(data).start()
+            env["REDIS_URL"] = self.redis.url
+            settings = Settings(redis_url=self.redis.url, model=model)
+        py = sys.executable
+        self._spawn(
+            "gateway",
+            [py, "-m", "uvicorn", "gateway.app:app", "--host", a.host, "--port", str(a.port),
+             "--log-level", "warning"],
+            env,
+        )  # fmt: skip
+        for i in range(a.workers):
+            self._spawn(f"worker-{i}", [py, "-m", "infra.cli", "worker", *self._engine_argv()], env)
+        self._spawn(
+            "webhooks",
+            [py, "-m", "celery", "-A", "infra.webhooks:celery_app", "worker", "--pool=solo",
+             "-Q", "tide.webhooks", "--loglevel=WARNING", "--without-heartbeat",
+             "--without-gossip", "--without-mingle"],
+            env,
+        )  # fmt: skip
+        reaper = threading.Thread(target=run_reaper, args=(settings, self.stop), daemon=True)
+        reaper.start()
+        signal.signal(signal.SIGTERM, lambda *_: self.stop.set())
+        url = f"http://{a.host}:{a.port}"
+        try:
+            self._wait_ready(url)
+            self._banner(url, settings, model)
+            while not self.stop.is_set():
+                for name, proc in self.procs:
+                    if proc.poll() is not None:
+                        print(
+                            f"tide up: {name} exited with {proc.returncode}; stopping", flush=True
+                        )
+                        self.stop.set()
+                self.stop.wait(0.5)
+        except KeyboardInterrupt:
+            pass
+        finally:
+            self.shutdown()
+        return 0
+
+    def _wait_ready(self, url: str, timeout: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and not self.stop.is_set():
+            try:
+                if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"the gateway at {url} did not become ready")
+
+    def _banner(self, url: str, settings: Settings, model: str) -> None:
+        lines = [
+            f"Tide is up: {len(self.procs) - 2} worker(s) on {model}",
+            f"  gateway  {url}   (API docs: {url}/docs, metrics: {url}/metrics)",
+            f"  redis    {settings.redis_url}" + ("   (embedded, AOF)" if self.redis else ""),
+            f'  try      tide submit "Once upon a time" --wait --url {url}',
+        ]
+        if model.startswith("dummy:"):
+            lines.append(f"  note     {model} has random weights: its text is meaningless")
+        lines.append("Ctrl-C stops everything.")
+        print("\n".join(lines), flush=True)
+
+    def shutdown(self) -> None:
+        self.stop.set()
+        for _, proc in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for _, proc in self.procs:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        if self.redis is not None:
+            self.redis.stop()

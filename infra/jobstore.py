@@ -1,0 +1,259 @@
+"""The job record in Redis: the source of truth. Every state change is one Lua script.
+
+A job is completed only by the holder of its current lease; a late completion from a
+stale holder is dropped. Queue messages (kombu's Redis format, see ``infra.queues``)
+are pushed in the same script as the record changes, so accepted work is never
+half-written.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Any
+
+import redis
+
+from infra.protocol import JobStatus, Keys
+
+_CREATE = """
+local existing = ARGV[1] ~= '' and redis.call('GET', KEYS[2])
+if existing then return {'exists', existing} end
+if tonumber(redis.call('GET', KEYS[3]) or '0') >= tonumber(ARGV[5]) then
+  return {'tenant_full', ''}
+end
+if redis.call('LLEN', KEYS[4]) >= tonumber(ARGV[6]) then return {'queue_full', ''} end
+redis.call('HSET', KEYS[1], unpack(ARGV, 8))
+redis.call('EXPIRE', KEYS[1], ARGV[4])
+if ARGV[1] ~= '' then redis.call('SET', KEYS[2], ARGV[2], 'EX', ARGV[4]) end
+redis.call('INCR', KEYS[3])
+redis.call('LPUSH', KEYS[4], ARGV[7])
+return {'created', ARGV[2]}
+"""
+
+_ACQUIRE = """
+local st = redis.call('HGET', KEYS[1], 'status')
+if not st then return 'missing' end
+if st ~= 'queued' then return st end
+redis.call('HSET', KEYS[1], 'status', 'in_progress', 'lease_token', ARGV[2],
+           'lease_owner', ARGV[1], 'started_at', ARGV[3])
+redis.call('HINCRBY', KEYS[1], 'attempts', 1)
+redis.call('ZADD', KEYS[2], ARGV[4], ARGV[5])
+return 'acquired'
+"""
+
+_REFRESH = """
+if redis.call('HGET', KEYS[1], 'lease_token') ~= ARGV[1] then return 'lost' end
+redis.call('ZADD', KEYS[2], ARGV[2], ARGV[3])
+return redis.call('HGET', KEYS[1], 'cancel_requested') or '0'
+"""
+
+_UPDATE_IF_HOLDER = """
+if redis.call('HGET', KEYS[1], 'lease_token') ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], unpack(ARGV, 2))
+return 1
+"""
+
+_FINISH = """
+if redis.call('HGET', KEYS[1], 'lease_token') ~= ARGV[1] then return 0 end
+if redis.call('HGET', KEYS[1], 'status') ~= 'in_progress' then return 0 end
+redis.call('HSET', KEYS[1], unpack(ARGV, 3))
+redis.call('HDEL', KEYS[1], 'lease_token')
+redis.call('ZREM', KEYS[2], ARGV[2])
+redis.call('DECR', KEYS[3])
+return 1
+"""
+
+_REQUEUE = """
+if redis.call('HGET', KEYS[1], 'lease_token') ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], 'status', 'queued')
+redis.call('HDEL', KEYS[1], 'lease_token', 'lease_owner')
+redis.call('HINCRBY', KEYS[1], 'attempts', -1)
+redis.call('ZREM', KEYS[2], ARGV[2])
+local fields = redis.call('HMGET', KEYS[1], 'queue', 'message')
+redis.call('RPUSH', fields[1], fields[2])
+return 1
+"""
+
+_CANCEL = """
+local st = redis.call('HGET', KEYS[1], 'status')
+if not st then return 'missing' end
+if st == 'queued' then
+  redis.call('HSET', KEYS[1], 'status', 'cancelled', 'finished_at', ARGV[1],
+             'finish_reason', 'abort')
+  redis.call('DECR', KEYS[2])
+  return 'cancelled'
+end
+if st == 'in_progress' then
+  redis.call('HSET', KEYS[1], 'cancel_requested', '1')
+  return 'cancelling'
+end
+return st
+"""
+
+_REAP = """
+local expiry = redis.call('ZSCORE', KEYS[2], ARGV[1])
+if not expiry or tonumber(expiry) > tonumber(ARGV[2]) then return 'alive' end
+redis.call('ZREM', KEYS[2], ARGV[1])
+if redis.call('HGET', KEYS[1], 'status') ~= 'in_progress' then return 'stale' end
+redis.call('HDEL', KEYS[1], 'lease_token', 'lease_owner')
+if redis.call('HGET', KEYS[1], 'cancel_requested') == '1' then
+  redis.call('HSET', KEYS[1], 'status', 'cancelled', 'finished_at', ARGV[2],
+             'finish_reason', 'abort')
+  redis.call('DECR', KEYS[3])
+  return 'cancelled'
+end
+local attempts = tonumber(redis.call('HGET', KEYS[1], 'attempts') or '0')
+if attempts >= tonumber(ARGV[3]) then
+  redis.call('HSET', KEYS[1], 'status', 'failed', 'finished_at', ARGV[2], 'error',
+             'worker lost the job ' .. attempts .. ' times (max_attempts ' .. ARGV[3] .. ')')
+  redis.call('DECR', KEYS[3])
+  return 'failed'
+end
+redis.call('HSET', KEYS[1], 'status', 'queued')
+local fields = redis.call('HMGET', KEYS[1], 'queue', 'message')
+redis.call('RPUSH', fields[1], fields[2])
+return 'requeued'
+"""
+
+
+class LimitExceeded(Exception):
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def new_job_id() -> str:
+    return "job_" + uuid.uuid4().hex
+
+
+class JobStore:
+    def __init__(self, client: redis.Redis) -> None:
+        self.r = client
+        self._create = client.register_script(_CREATE)
+        self._acquire = client.register_script(_ACQUIRE)
+        self._refresh = client.register_script(_REFRESH)
+        self._update = client.register_script(_UPDATE_IF_HOLDER)
+        self._finish = client.register_script(_FINISH)
+        self._requeue = client.register_script(_REQUEUE)
+        self._cancel = client.register_script(_CANCEL)
+        self._reap = client.register_script(_REAP)
+
+    def create(
+        self,
+        fields: dict[str, Any],
+        queue: str,
+        message: str,
+        idempotency_key: str | None,
+        max_active: int,
+        max_queue_length: int,
+        ttl_seconds: int,
+    ) -> tuple[str, bool]:
+        """Write the record and push its message atomically. Returns (job id, created)."""
+        job_id, tenant = fields["id"], fields["tenant"]
+        flat: list[Any] = []
+        for k, v in {**fields, "queue": queue, "message": message}.items():
+            flat += [k, _encode(v)]
+        status, value = self._create(
+            keys=[
+                Keys.job(job_id),
+                Keys.idempotency(tenant, idempotency_key or "-"),
+                Keys.tenant_active(tenant),
+                queue,
+            ],
+            args=[
+                idempotency_key or "", job_id, "", ttl_seconds, max_active, max_queue_length,
+                message, *flat,
+            ],
+        )  # fmt: skip
+        status = status.decode() if isinstance(status, bytes) else status
+        if status in ("tenant_full", "queue_full"):
+            raise LimitExceeded(status)
+        value = value.decode() if isinstance(value, bytes) else value
+        return value, status == "created"
+
+    def get(self, job_id: str) -> dict[str, str] | None:
+        raw = self.r.hgetall(Keys.job(job_id))
+        if not raw:
+            return None
+        return {k.decode(): v.decode() for k, v in raw.items()}
+
+    def acquire(self, job_id: str, worker_id: str, lease_seconds: float) -> tuple[str, str]:
+        """Take a queued job: ('acquired', lease token) or (its status, '')."""
+        token = uuid.uuid4().hex
+        now = time.time()
+        res = self._acquire(
+            keys=[Keys.job(job_id), Keys.leases],
+            args=[worker_id, token, now, now + lease_seconds, job_id],
+        )
+        res = res.decode() if isinstance(res, bytes) else res
+        return res, token if res == "acquired" else ""
+
+    def refresh(self, leases: dict[str, str], lease_seconds: float) -> dict[str, str]:
+        """Extend many leases in one round trip: job id -> '0', '1' (cancel asked) or 'lost'."""
+        pipe = self.r.pipeline(transaction=False)
+        expiry = time.time() + lease_seconds
+        for job_id, token in leases.items():
+            self._refresh(
+                keys=[Keys.job(job_id), Keys.leases], args=[token, expiry, job_id], client=pipe
+            )
+        out = pipe.execute()
+        return {
+            j: (v.decode() if isinstance(v, bytes) else str(v))
+            for j, v in zip(leases, out, strict=True)
+        }
+
+    def update(self, job_id: str, token: str, **fields: Any) -> bool:
+        args = [token]
+        for k, v in fields.items():
+            args += [k, _encode(v)]
+        return bool(self._update(keys=[Keys.job(job_id)], args=args))
+
+    def finish(
+        self, job_id: str, token: str, tenant: str, status: JobStatus, **fields: Any
+    ) -> bool:
+        """Terminal state, only from the current lease holder."""
+        args: list[Any] = [token, job_id, "status", status.value]
+        for k, v in fields.items():
+            args += [k, _encode(v)]
+        return bool(
+            self._finish(
+                keys=[Keys.job(job_id), Keys.leases, Keys.tenant_active(tenant)], args=args
+            )
+        )
+
+    def requeue(self, job_id: str, token: str) -> bool:
+        """Hand a held job back to its queue (drain): it keeps its place near the front."""
+        return bool(self._requeue(keys=[Keys.job(job_id), Keys.leases], args=[token, job_id]))
+
+    def cancel(self, job_id: str, tenant: str) -> str:
+        res = self._cancel(keys=[Keys.job(job_id), Keys.tenant_active(tenant)], args=[time.time()])
+        return res.decode() if isinstance(res, bytes) else res
+
+    def reap(self, max_attempts: int, now: float | None = None) -> dict[str, str]:
+        """Re-queue (or fail, after max_attempts) in-progress jobs whose lease expired."""
+        now = time.time() if now is None else now
+        expired = self.r.zrangebyscore(Keys.leases, "-inf", now)
+        out = {}
+        for raw in expired:
+            job_id = raw.decode()
+            tenant = self.r.hget(Keys.job(job_id), "tenant")
+            res = self._reap(
+                keys=[Keys.job(job_id), Keys.leases, Keys.tenant_active((tenant or b"").decode())],
+                args=[job_id, now, max_attempts],
+            )
+            out[job_id] = res.decode() if isinstance(res, bytes) else res
+        return out
+
+
+def _encode(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, int | float):
+        return repr(value)
+    return json.dumps(value)

@@ -1,0 +1,41 @@
+"""Queue topology and message encoding on kombu's Redis transport.
+
+The gateway and reaper push encoded messages inside their Lua scripts (atomic with the
+job record); workers consume them with kombu. ``encode`` builds exactly the envelope
+kombu's Redis channel writes for a publish to the default exchange.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import uuid
+
+import kombu
+
+from infra.protocol import JobMessage
+
+
+def connection(redis_url: str) -> kombu.Connection:
+    # The broker's visibility timeout is only a backstop: the reaper re-queues
+    # expired leases within seconds.
+    return kombu.Connection(redis_url, transport_options={"visibility_timeout": 600})
+
+
+def encode(message: JobMessage, queue: str) -> str:
+    """A kombu Redis-transport message for ``queue`` (default exchange, priority 0)."""
+    body = message.dumps().encode()
+    envelope = {
+        "body": base64.b64encode(body).decode(),
+        "content-encoding": "utf-8",
+        "content-type": "application/json",
+        "headers": {},
+        "properties": {
+            "body_encoding": "base64",
+            "delivery_tag": str(uuid.uuid4()),
+            "delivery_info": {"exchange": "", "routing_key": queue},
+            "priority": 0,
+            "delivery_mode": 2,
+        },
+    }
+    return json.dumps(envelope)

@@ -1,0 +1,40 @@
+"""The lease reaper: re-queues in-progress jobs whose worker stopped refreshing its lease.
+
+A small loop; ``tide up`` runs it, and the controller will host it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import redis
+
+from infra.jobstore import JobStore
+from infra.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+def reap_once(store: JobStore, settings: Settings) -> dict[str, str]:
+    results = store.reap(settings.max_attempts)
+    for job_id, outcome in results.items():
+        if outcome in ("requeued", "failed", "cancelled"):
+            log.warning("lease expired on %s: %s", job_id, outcome)
+        if outcome == "failed":
+            record = store.get(job_id) or {}
+            if record.get("webhook_url"):
+                from infra.webhooks import enqueue_webhook
+
+                enqueue_webhook(job_id, "failed")
+    return results
+
+
+def run_reaper(settings: Settings, stop: threading.Event) -> None:
+    assert settings.redis_url, "the reaper needs REDIS_URL"
+    store = JobStore(redis.Redis.from_url(settings.redis_url))
+    while not stop.wait(settings.reaper_interval):
+        try:
+            reap_once(store, settings)
+        except redis.RedisError as e:
+            log.warning("reaper: Redis unavailable (%s); retrying", e)

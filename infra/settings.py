@@ -1,0 +1,81 @@
+"""One settings object for every Tide process (pydantic-settings, env prefix ``TIDE_``).
+
+Nothing else reads the environment. ``REDIS_URL`` is read without the prefix, as
+most deployments already set it.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+from pydantic import AliasChoices, Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="TIDE_", extra="ignore")
+
+    env: str = Field("development", description="development | production")
+    redis_url: str | None = Field(
+        None,
+        validation_alias=AliasChoices("REDIS_URL", "TIDE_REDIS_URL"),
+        description="external Redis; unset means the embedded server (tide up)",
+    )
+    data_dir: Path = Field(Path("./.tide"), description="embedded Redis AOF and local files")
+    model: str = Field("dummy:tiny", description="HF folder or dummy:PRESET served by the fleet")
+
+    # Buckets by prompt_tokens + max_tokens: short <= short_max < medium <= medium_max < long.
+    bucket_short_max: int = 2048
+    bucket_medium_max: int = 8192
+
+    # Auth: bearer key -> tenant. Empty means open access as tenant "default".
+    api_keys: dict[str, str] = Field(default_factory=dict)
+    # Standard Webhooks secrets per tenant ("whsec_..."); "*" is the fallback.
+    webhook_secrets: dict[str, str] = Field(default_factory=lambda: {"*": DEV_WEBHOOK_SECRET})
+    webhook_allow_hosts: list[str] = Field(
+        default_factory=list, description="hosts/IPs exempt from the SSRF guard (tests: 127.0.0.1)"
+    )
+    webhook_retry_schedule: list[float] = Field(
+        default_factory=lambda: [1.0, 5.0, 30.0, 120.0, 600.0],
+        description="seconds before each retry; its length is the number of retries",
+    )
+    webhook_timeout: float = 10.0
+
+    # Limits: 429 with Retry-After instead of unbounded growth.
+    max_queued_per_tenant: int = 10_000
+    max_requests_per_second_per_tenant: int = 1_000
+    max_queue_length: int = 100_000  # per bucket queue
+
+    # Reliability.
+    lease_seconds: float = 5.0
+    max_attempts: int = 3
+    reaper_interval: float = 1.0
+    events_ttl_seconds: int = 3600
+    job_ttl_seconds: int = 7 * 24 * 3600
+    worker_heartbeat_seconds: float = 2.0
+    drain_timeout: float = 60.0
+
+    @field_validator("bucket_medium_max")
+    @classmethod
+    def _buckets_ordered(cls, v: int, info) -> int:  # type: ignore[no-untyped-def]
+        short = info.data.get("bucket_short_max", 0)
+        if v <= short:
+            raise ValueError(f"bucket_medium_max ({v}) must exceed bucket_short_max ({short})")
+        return v
+
+    @model_validator(mode="after")
+    def _no_placeholder_secret_in_production(self) -> Settings:
+        if self.env == "production" and DEV_WEBHOOK_SECRET in self.webhook_secrets.values():
+            raise ValueError("set TIDE_WEBHOOK_SECRETS: the development secret is not allowed")
+        if self.lease_seconds <= 0 or self.max_attempts < 1:
+            raise ValueError("lease_seconds must be positive and max_attempts at least 1")
+        return self
+
+
+DEV_WEBHOOK_SECRET = "whsec_" + "dGlkZS1kZXZlbG9wbWVudC1zZWNyZXQtMzJieXRlcyE="
+
+
+@functools.cache
+def get_settings() -> Settings:
+    return Settings()

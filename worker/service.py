@@ -1,0 +1,304 @@
+"""The worker process: pull jobs from Redis into the engine, step it, write results.
+
+A consumer loop with a stop flag (kombu-style). It takes a message only when the
+engine has a free sequence slot and admits it only when ``engine.can_admit`` says its
+prompt fits; at most one message waits prefetched. Work it cannot start stays in
+Redis, visible to other workers and the controller.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import kombu
+import redis
+
+from infra import queues
+from infra.jobstore import JobStore
+from infra.protocol import JobMessage, JobStatus, Keys, Priority, consume_order
+from infra.settings import Settings
+from worker.engine import LLMEngine, RequestOutput, SamplingParams
+from worker.engine import Priority as EnginePriority
+
+log = logging.getLogger(__name__)
+
+LEASE_REFRESH_SECONDS = 0.5  # also how fast a cancel reaches a running job
+FINISH_STATUS = {"stop": JobStatus.COMPLETED, "length": JobStatus.COMPLETED}
+
+
+@dataclass
+class HeldJob:
+    job_id: str
+    token: str
+    tenant: str
+    message: kombu.Message
+    has_webhook: bool
+    first_token_written: bool = False
+    completion_tokens: int = 0
+    text_parts: list[str] = field(default_factory=list)
+
+
+class WorkerService:
+    def __init__(
+        self,
+        engine: LLMEngine,
+        settings: Settings,
+        pool: str,
+        buckets: list[str],
+        worker_id: str | None = None,
+    ) -> None:
+        assert settings.redis_url, "the worker needs REDIS_URL"
+        self.engine = engine
+        self.settings = settings
+        self.pool = pool
+        self.buckets = buckets
+        self.worker_id = worker_id or f"{pool}-{socket.gethostname()}-{os.getpid()}"
+        self.redis = redis.Redis.from_url(settings.redis_url)
+        self.store = JobStore(self.redis)
+        self.conn = queues.connection(settings.redis_url)
+        channel = self.conn.default_channel
+        self.queue_names = consume_order(buckets)
+        self.queues = [kombu.Queue(n, channel=channel, no_declare=True) for n in self.queue_names]
+        self.held: dict[str, HeldJob] = {}
+        self.prefetched: tuple[kombu.Message, JobMessage] | None = None
+        self.draining = False
+        self.stopped = False
+        self._drain_deadline = float("inf")
+        self._next_refresh = 0.0
+        self._next_heartbeat = 0.0
+        self._last_tokens = (time.monotonic(), 0)
+
+    # -- lifecycle -----------------------------------------------------------------
+
+    def install_signal_handlers(self) -> None:
+        signal.signal(signal.SIGTERM, lambda *_: self.drain())
+        signal.signal(signal.SIGINT, lambda *_: self.drain())
+
+    def drain(self) -> None:
+        """Stop taking jobs; finish in-flight work within the drain timeout."""
+        if not self.draining:
+            log.info("worker %s draining (%d jobs held)", self.worker_id, len(self.held))
+            self.draining = True
+            self._drain_deadline = time.monotonic() + self.settings.drain_timeout
+
+    def run(self) -> None:
+        log.info("worker %s serving %s", self.worker_id, ", ".join(self.queue_names))
+        idle = 0.001
+        try:
+            while not self.stopped:
+                self._periodic()
+                if self.draining:
+                    self._release_prefetched()
+                    if not self.held or time.monotonic() > self._drain_deadline:
+                        break
+                else:
+                    self._fill()
+                if self.engine.has_unfinished():
+                    self._handle(self.engine.step())
+                    idle = 0.001
+                else:
+                    time.sleep(idle)
+                    idle = min(idle * 2, 0.02)
+        finally:
+            self._shutdown()
+
+    def _shutdown(self) -> None:
+        self._release_prefetched()
+        for job in list(self.held.values()):
+            self.engine.abort(job.job_id)
+            if self.store.requeue(job.job_id, job.token):
+                log.info("re-queued %s at shutdown", job.job_id)
+            job.message.ack()
+        self.held.clear()
+        self.redis.zrem(Keys.workers, self.worker_id)
+        self.redis.delete(Keys.worker(self.worker_id))
+        self.conn.release()
+
+    # -- taking work -------------------------------------------------------------------
+
+    def _poll(self) -> tuple[kombu.Message, JobMessage] | None:
+        for queue in self.queues:
+            message = queue.get(no_ack=False)
+            if message is None:
+                continue
+            try:
+                return message, JobMessage.loads(message.payload)
+            except (ValueError, TypeError) as e:
+                log.error("dropping undecodable message on %s: %s", queue.name, e)
+                message.ack()
+        return None
+
+    def _fill(self) -> None:
+        max_seqs = self.engine.config.max_num_seqs
+        while True:
+            if self.prefetched is None:
+                if self.engine.scheduler.num_unfinished >= max_seqs:
+                    return
+                self.prefetched = self._poll()
+                if self.prefetched is None:
+                    return
+            message, job = self.prefetched
+            if not self.engine.can_admit(job.prompt_tokens, job.max_tokens):
+                return
+            self.prefetched = None
+            self._start(message, job)
+
+    def _release_prefetched(self) -> None:
+        if self.prefetched is None:
+            return
+        message, job = self.prefetched
+        self.prefetched = None
+        record = self.store.get(job.job_id)
+        if record and record.get("status") == JobStatus.QUEUED:
+            self.redis.rpush(record["queue"], record["message"])  # back to the front
+        message.ack()
+
+    def _start(self, message: kombu.Message, job: JobMessage) -> None:
+        status, token = self.store.acquire(job.job_id, self.worker_id, self.settings.lease_seconds)
+        if status != "acquired":
+            log.info("skipping %s: %s", job.job_id, status)  # cancelled or a duplicate
+            message.ack()
+            return
+        record = self.store.get(job.job_id) or {}
+        held = HeldJob(
+            job.job_id, token, record.get("tenant", ""), message, bool(record.get("webhook_url"))
+        )
+        self.held[job.job_id] = held
+        try:
+            params = SamplingParams(**_sampling(record))
+            prio = (
+                EnginePriority.BATCH
+                if record.get("priority") == Priority.BATCH
+                else EnginePriority.INTERACTIVE
+            )
+            self.engine.add_request(job.job_id, _ids(record), params, prio)
+        except (ValueError, TypeError, KeyError) as e:
+            self._finish(held, JobStatus.FAILED, error=f"rejected by the worker: {e}")
+
+    # -- results -----------------------------------------------------------------------
+
+    def _handle(self, outputs: list[RequestOutput]) -> None:
+        pipe = self.redis.pipeline(transaction=False)
+        now = time.time()
+        for out in outputs:
+            held = self.held.get(out.request_id)
+            if held is None:
+                continue
+            held.completion_tokens += len(out.new_token_ids)
+            if out.delta_text or out.new_token_ids:
+                pipe.xadd(
+                    Keys.events(out.request_id),
+                    {"type": "delta", "text": out.delta_text, "n": len(out.new_token_ids)},
+                )
+            if not held.first_token_written and out.new_token_ids:
+                held.first_token_written = True
+                self.store.update(held.job_id, held.token, first_token_at=now)
+        pipe.execute()
+        for out in outputs:
+            held = self.held.get(out.request_id)
+            if held is None or not out.finished:
+                continue
+            if out.finish_reason == "error":
+                self._finish(held, JobStatus.FAILED, out, error=out.error)
+            elif out.finish_reason == "abort":
+                self._finish(held, JobStatus.CANCELLED, out)
+            else:
+                self._finish(held, FINISH_STATUS[out.finish_reason or "stop"], out)
+
+    def _finish(
+        self,
+        held: HeldJob,
+        status: JobStatus,
+        out: RequestOutput | None = None,
+        error: str | None = None,
+    ) -> None:
+        fields: dict[str, Any] = {"finished_at": time.time()}
+        if out is not None:
+            fields |= {
+                "text": out.text,
+                "finish_reason": out.finish_reason,
+                "completion_tokens": len(out.token_ids),
+            }
+        if error:
+            fields["error"] = error
+        self.held.pop(held.job_id, None)
+        won = self.store.finish(held.job_id, held.token, held.tenant, status, **fields)
+        if won:
+            events = Keys.events(held.job_id)
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.xadd(events, {"type": "done", "status": status.value})
+            pipe.expire(events, self.settings.events_ttl_seconds)
+            pipe.execute()
+        else:
+            log.warning("dropping result of %s: the lease moved on", held.job_id)
+        held.message.ack()  # only after the result is durable (or moot)
+        if won and held.has_webhook and status in (JobStatus.COMPLETED, JobStatus.FAILED):
+            from infra.webhooks import enqueue_webhook
+
+            enqueue_webhook(held.job_id, status.value)
+
+    # -- leases, cancellation, heartbeat ----------------------------------------------------
+
+    def _periodic(self) -> None:
+        now = time.monotonic()
+        if now >= self._next_refresh:
+            self._next_refresh = now + LEASE_REFRESH_SECONDS
+            if self.held:
+                leases = {j: h.token for j, h in self.held.items()}
+                for job_id, state in self.store.refresh(
+                    leases, self.settings.lease_seconds
+                ).items():
+                    if state == "lost":  # reaped: another worker owns it now
+                        log.warning("lost the lease on %s; aborting it here", job_id)
+                        self.engine.abort(job_id)
+                        held = self.held.pop(job_id)
+                        held.message.ack()
+                    elif state == "1":
+                        self.engine.abort(job_id)  # finishes as cancelled next step
+        if now >= self._next_heartbeat:
+            self._next_heartbeat = now + self.settings.worker_heartbeat_seconds
+            self._heartbeat(now)
+
+    def _heartbeat(self, now: float) -> None:
+        stats = self.engine.stats()
+        then, tokens = self._last_tokens
+        produced = stats["generation_tokens"] - tokens
+        rate = produced / (now - then) if now > then else 0.0
+        self._last_tokens = (now, stats["generation_tokens"])
+        info = {
+            "worker_id": self.worker_id,
+            "pool": self.pool,
+            "buckets": ",".join(self.buckets),
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "running": stats["num_running"],
+            "waiting": stats["num_waiting"],
+            "held": len(self.held),
+            "free_slots": self.engine.config.max_num_seqs - len(self.held),
+            "kv_cache_usage": round(stats["kv_cache_usage"], 4),
+            "tokens_per_s": round(rate, 2),
+            "draining": int(self.draining),
+            "metrics_url": "",
+            "at": time.time(),
+        }
+        ttl = max(int(3 * self.settings.worker_heartbeat_seconds), 2)
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hset(Keys.worker(self.worker_id), mapping=info)
+        pipe.expire(Keys.worker(self.worker_id), ttl)
+        pipe.zadd(Keys.workers, {self.worker_id: time.time()})
+        pipe.execute()
+
+
+def _sampling(record: dict[str, str]) -> dict[str, Any]:
+    return dict(json.loads(record["sampling"]))
+
+
+def _ids(record: dict[str, str]) -> list[int]:
+    return list(json.loads(record["token_ids"]))
