@@ -30,6 +30,7 @@ class SamplingFields(BaseModel):
     top_k: int = Field(-1, ge=-1, description="-1 disables top-k")
     seed: int | None = Field(None, ge=0, lt=2**63)
     stop: list[str] | str | None = None
+    ignore_eos: bool = Field(False, description="keep generating past end-of-sequence tokens")
 
     @field_validator("stop")
     @classmethod
@@ -49,6 +50,7 @@ class SamplingFields(BaseModel):
             "top_k": self.top_k,
             "seed": self.seed,
             "stop": self.stop or [],
+            "ignore_eos": self.ignore_eos,
         }
 
 

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import redis
+
+from infra.redis_server import EmbeddedRedis
 
 ROOT = Path(__file__).resolve().parents[1]
 STORIES = Path(os.environ.get("TIDE_STORIES_PATH", ROOT.parent / "shared/models/stories260K"))
@@ -40,3 +44,18 @@ def make_engine(path: Path | str, dtype: str = "float32", **config):
     from worker.engine import LLMEngine
 
     return LLMEngine.from_pretrained(str(path), dtype=dtype, device="cpu", **config)
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedRedis]:
+    server = EmbeddedRedis(Path(tmp_path_factory.mktemp("redis"))).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def redis_client(redis_server: EmbeddedRedis) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_server.url)
+    client.flushdb()
+    yield client
+    client.close()

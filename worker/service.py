@@ -8,6 +8,7 @@ Redis, visible to other workers and the controller.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import kombu
+import kombu.exceptions
 import redis
 
 from infra import queues
@@ -74,6 +76,7 @@ class WorkerService:
         self._next_refresh = 0.0
         self._next_heartbeat = 0.0
         self._last_tokens = (time.monotonic(), 0)
+        self._idle = 0.001
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -90,24 +93,42 @@ class WorkerService:
 
     def run(self) -> None:
         log.info("worker %s serving %s", self.worker_id, ", ".join(self.queue_names))
-        idle = 0.001
         try:
             while not self.stopped:
-                self._periodic()
-                if self.draining:
-                    self._release_prefetched()
-                    if not self.held or time.monotonic() > self._drain_deadline:
+                try:
+                    if not self._iterate():
                         break
-                else:
-                    self._fill()
-                if self.engine.has_unfinished():
-                    self._handle(self.engine.step())
-                    idle = 0.001
-                else:
-                    time.sleep(idle)
-                    idle = min(idle * 2, 0.02)
+                except (redis.RedisError, kombu.exceptions.OperationalError, OSError) as e:
+                    # Redis restarting: keep the engine's work, reconnect, carry on.
+                    log.warning("Redis unavailable (%s); retrying in 0.5 s", e)
+                    time.sleep(0.5)
+                    self._reconnect()
         finally:
             self._shutdown()
+
+    def _iterate(self) -> bool:
+        """One turn of the loop; False when a drain has finished."""
+        self._periodic()
+        if self.draining:
+            self._release_prefetched()
+            if not self.held or time.monotonic() > self._drain_deadline:
+                return False
+        else:
+            self._fill()
+        if self.engine.has_unfinished():
+            self._handle(self.engine.step())
+            self._idle = 0.001
+        else:
+            time.sleep(self._idle)
+            self._idle = min(self._idle * 2, 0.02)
+        return True
+
+    def _reconnect(self) -> None:
+        with contextlib.suppress(Exception):  # the old connection is already broken
+            self.conn.release()
+        self.conn = queues.connection(self.settings.redis_url or "")
+        channel = self.conn.default_channel
+        self.queues = [kombu.Queue(n, channel=channel, no_declare=True) for n in self.queue_names]
 
     def _shutdown(self) -> None:
         self._release_prefetched()

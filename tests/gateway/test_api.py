@@ -1,0 +1,151 @@
+"""The job API in process (FastAPI TestClient) on a real Redis, with no workers."""
+
+from __future__ import annotations
+
+import pytest
+from fastapi.testclient import TestClient
+
+from gateway.app import create_app
+from infra.protocol import Keys
+from infra.settings import Settings
+
+KEYS = {"key-a": "tenant-a", "key-b": "tenant-b"}
+A = {"Authorization": "Bearer key-a"}
+B = {"Authorization": "Bearer key-b"}
+
+
+def make_client(redis_server, model: str, **overrides) -> TestClient:
+    settings = Settings(
+        redis_url=redis_server.url, model=model, api_keys=KEYS,
+        webhook_allow_hosts=["127.0.0.1"], bucket_short_max=64, bucket_medium_max=256,
+        **overrides,
+    )  # fmt: skip
+    return TestClient(create_app(settings))
+
+
+@pytest.fixture
+def client(redis_server, redis_client, stories_path):
+    with make_client(redis_server, str(stories_path)) as c:
+        yield c
+
+
+def queued_messages(r) -> int:
+    return sum(r.llen(k) for k in r.keys("tide.*"))
+
+
+def test_submit_and_get(client, redis_client):
+    r = client.post("/v1/jobs", json={"prompt": "Once upon a time", "max_tokens": 20}, headers=A)
+    assert r.status_code == 202, r.text
+    job = r.json()
+    assert job["status"] == "queued" and job["bucket"] == "short" and job["id"].startswith("job_")
+    got = client.get(f"/v1/jobs/{job['id']}", headers=A).json()
+    assert got["usage"]["prompt_tokens"] == 5  # <s> + 4 tokens, the workers' own tokenizer
+    assert got["priority"] == "interactive" and got["attempts"] == 0
+    assert redis_client.llen("tide.short.interactive") == 1
+
+
+@pytest.mark.parametrize(
+    ("max_tokens", "bucket"), [(50, "short"), (59, "short"), (60, "medium"), (252, "long")]
+)
+def test_bucket_by_prompt_plus_max_tokens(client, max_tokens, bucket):
+    r = client.post(
+        "/v1/jobs", json={"prompt": "Once upon a time", "max_tokens": max_tokens}, headers=A
+    )
+    assert r.json()["bucket"] == bucket  # 5 prompt tokens: short <= 64 < medium <= 256 < long
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "message"),
+    [
+        ({"max_tokens": 5}, 422, "give exactly one of prompt or messages"),
+        ({"prompt": "a", "messages": [{"role": "user", "content": "b"}]}, 422, "exactly one"),
+        (
+            {"prompt": "a", "max_tokens": 0},
+            422,
+            "max_tokens: Input should be greater than or equal to 1",
+        ),
+        ({"prompt": "a", "max_tokens": 600}, 400, "exceeds the model's context of 512 tokens"),
+        ({"prompt": "word " * 600}, 400, "the model's context is 512 tokens"),
+        ({"prompt": "a", "temperature": "hot"}, 422, "temperature"),
+        ({"prompt": "a", "top_p": 1.5}, 422, "top_p: Input should be less than or equal to 1"),
+        ({"prompt": "a", "surprise": 1}, 422, "surprise: Extra inputs are not permitted"),
+        ({"prompt": "a", "webhook": {"url": "not a url"}}, 422, "webhook.url"),
+        ({"prompt": "a", "webhook": {"url": "http://10.0.0.8/hook"}}, 400, "non-public address"),
+        ({"prompt": "a", "priority": "urgent"}, 422, "priority"),
+        ({"prompt": ""}, 422, "prompt: String should have at least 1 character"),
+        ({"messages": [{"role": "user", "content": "hi"}]}, 400, "has no chat template"),
+    ],
+)
+def test_bad_input_names_the_field_and_enqueues_nothing(
+    client, redis_client, body, status, message
+):
+    r = client.post("/v1/jobs", json=body, headers=A)
+    assert r.status_code == status, r.text
+    assert message in r.json()["error"]["message"]
+    assert queued_messages(redis_client) == 0
+    assert not redis_client.keys("tide:job:*")
+
+
+def test_idempotency_key_returns_the_same_job_per_tenant(client, redis_client):
+    body = {"prompt": "Once upon a time", "max_tokens": 8}
+    first = client.post("/v1/jobs", json=body, headers={**A, "Idempotency-Key": "k1"}).json()
+    again = client.post("/v1/jobs", json=body, headers={**A, "Idempotency-Key": "k1"}).json()
+    other = client.post("/v1/jobs", json=body, headers={**B, "Idempotency-Key": "k1"}).json()
+    assert first["id"] == again["id"] != other["id"]
+    assert redis_client.llen("tide.short.interactive") == 2
+
+
+def test_auth_and_tenant_isolation(client):
+    assert client.post("/v1/jobs", json={"prompt": "a"}).status_code == 401
+    assert client.get("/v1/jobs/x", headers={"Authorization": "Bearer nope"}).status_code == 401
+    job = client.post("/v1/jobs", json={"prompt": "a", "max_tokens": 3}, headers=A).json()
+    assert client.get(f"/v1/jobs/{job['id']}", headers=B).status_code == 404
+    assert client.delete(f"/v1/jobs/{job['id']}", headers=B).status_code == 404
+    assert client.get(f"/v1/jobs/{job['id']}", headers=A).status_code == 200
+    assert client.get("/healthz").status_code == 200  # outside /v1: open
+
+
+def test_cancel_a_queued_job(client):
+    job = client.post("/v1/jobs", json={"prompt": "a", "max_tokens": 3}, headers=A).json()
+    r = client.delete(f"/v1/jobs/{job['id']}", headers=A)
+    assert r.status_code == 200 and r.json()["status"] == "cancelled"
+    assert client.get(f"/v1/jobs/{job['id']}", headers=A).json()["status"] == "cancelled"
+
+
+def test_tenant_limit_answers_429_with_retry_after(redis_server, redis_client, stories_path):
+    with make_client(redis_server, str(stories_path), max_queued_per_tenant=2) as c:
+        for _ in range(2):
+            assert c.post("/v1/jobs", json={"prompt": "a"}, headers=A).status_code == 202
+        r = c.post("/v1/jobs", json={"prompt": "a"}, headers=A)
+        assert r.status_code == 429 and r.headers["Retry-After"]
+        assert "2 unfinished jobs per tenant" in r.json()["error"]["message"]
+        assert c.post("/v1/jobs", json={"prompt": "a"}, headers=B).status_code == 202
+        assert redis_client.get(Keys.tenant_active("tenant-a")) == b"2"
+
+
+def test_queue_cap_and_rate_limit(redis_server, redis_client, stories_path):
+    with make_client(redis_server, str(stories_path), max_queue_length=1) as c:
+        assert c.post("/v1/jobs", json={"prompt": "a"}, headers=A).status_code == 202
+        r = c.post("/v1/jobs", json={"prompt": "a"}, headers=B)
+        assert (
+            r.status_code == 429 and "holds its maximum of 1 jobs" in r.json()["error"]["message"]
+        )
+    redis_client.flushdb()
+    with make_client(redis_server, str(stories_path), max_requests_per_second_per_tenant=3) as c:
+        codes = [c.post("/v1/jobs", json={"prompt": "a"}, headers=A).status_code for _ in range(8)]
+        assert 429 in codes and codes.count(202) >= 3
+
+
+def test_readyz_reports_a_missing_tokenizer(redis_server, tmp_path):
+    with make_client(redis_server, str(tmp_path / "nope")) as c:
+        r = c.get("/readyz")
+        assert r.status_code == 503 and r.json()["checks"] == {"tokenizer": False, "redis": True}
+        assert c.post("/v1/jobs", json={"prompt": "a"}, headers=A).status_code == 503
+
+
+def test_openapi_and_metrics(client):
+    assert "/v1/jobs" in client.get("/openapi.json").json()["paths"]
+    client.post("/v1/jobs", json={"prompt": "a"}, headers=A)
+    text = client.get("/metrics").text
+    assert 'tide:gateway_requests_total{code="202",route="/v1/jobs"}' in text
+    assert 'tide:queue_depth{queue="tide.medium.interactive"} 1.0' in text
