@@ -5,6 +5,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TORCH_PIN ?= torch==2.13.0
 MODEL ?= dummy:tiny
+WORKERS ?= 2
+PORT ?= 8000
 
 .PHONY: install up test lint fmt typecheck bench clean
 
@@ -17,9 +19,9 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-# Until the job service lands, `make up` runs one generation on the default model.
+# The embedded fleet: Redis (unless REDIS_URL is set), gateway, workers, webhooks, reaper.
 up: $(STAMP)
-	$(BIN)/tide generate --model $(MODEL) --prompt "Once upon a time" --max-tokens 32
+	$(BIN)/tide up --model $(MODEL) --workers $(WORKERS) --port $(PORT)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -1,0 +1,170 @@
+"""A real local fleet for end-to-end tests: embedded Redis, uvicorn gateway, worker
+processes, the Celery webhook worker and the reaper, all as child processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+
+from infra.redis_server import EmbeddedRedis, free_port
+from tests.conftest import ROOT
+
+SECRET = "whsec_" + "dGVzdC13ZWJob29rLXNlY3JldC1mb3ItdGlkZS0xMjM0NQ=="
+KEYS = {"key-a": "tenant-a", "key-b": "tenant-b"}
+AUTH = {"Authorization": "Bearer key-a"}
+
+
+class Fleet:
+    def __init__(self, tmp: Path, model: Path) -> None:
+        self.tmp = tmp
+        self.redis = EmbeddedRedis(tmp / "redis")
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.model = model
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.env: dict[str, str] = {}
+
+    def start(self) -> Fleet:
+        self.redis.start()
+        self.env = {
+            **os.environ,
+            "PYTHONPATH": str(ROOT),
+            "REDIS_URL": self.redis.url,
+            "TIDE_MODEL": str(self.model),
+            "TIDE_API_KEYS": json.dumps(KEYS),
+            "TIDE_WEBHOOK_SECRETS": json.dumps({"*": SECRET}),
+            "TIDE_WEBHOOK_ALLOW_HOSTS": json.dumps(["127.0.0.1"]),
+            "TIDE_WEBHOOK_RETRY_SCHEDULE": json.dumps([0.3, 0.3, 0.3]),
+            "TIDE_BUCKET_SHORT_MAX": "64",
+            "TIDE_BUCKET_MEDIUM_MAX": "256",
+            "TIDE_LEASE_SECONDS": "2",
+            "TIDE_REAPER_INTERVAL": "0.3",
+            "TIDE_DRAIN_TIMEOUT": "30",
+            "OMP_NUM_THREADS": "1",
+        }
+        py = sys.executable
+        self.spawn("gateway", [py, "-m", "uvicorn", "gateway.app:app", "--port", str(self.port),
+                               "--log-level", "warning"])  # fmt: skip
+        for i in range(2):
+            self.spawn_worker(f"worker-{i}")
+        celery = [py, "-m", "celery", "-A", "infra.webhooks:celery_app", "worker", "--pool=solo",
+                  "-Q", "tide.webhooks", "--loglevel=WARNING", "--without-heartbeat",
+                  "--without-gossip", "--without-mingle"]  # fmt: skip
+        self.spawn("webhooks", celery)
+        self.spawn("reaper", [py, "-m", "infra.cli", "reaper"])
+        self.wait_ready()
+        return self
+
+    def spawn(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
+        log = open(self.tmp / f"{name}.log", "ab")  # noqa: SIM115 - lives with the process
+        proc = subprocess.Popen(argv, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT)
+        self.procs[name] = proc
+        return proc
+
+    def spawn_worker(self, name: str, *extra: str) -> subprocess.Popen[bytes]:
+        argv = [sys.executable, "-m", "infra.cli", "worker", "--dtype", "float32",
+                "--max-num-seqs", "4", *extra]  # fmt: skip
+        return self.spawn(name, argv)
+
+    def wait_ready(self, timeout: float = 90) -> None:
+        deadline = time.monotonic() + timeout
+        client = redis.Redis.from_url(self.redis.url)
+        while time.monotonic() < deadline:
+            try:
+                ready = httpx.get(f"{self.url}/readyz", timeout=1).status_code == 200
+                if ready and client.zcard("tide:workers") >= 2:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"fleet not ready; logs in {self.tmp}")
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        self.redis.stop()
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory, stories_path) -> Iterator[Fleet]:
+    f = Fleet(tmp_path_factory.mktemp("fleet"), stories_path)
+    try:
+        yield f.start()
+    finally:
+        f.stop()
+
+
+@pytest.fixture
+def api(fleet) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=fleet.url, headers=AUTH, timeout=30) as client:
+        yield client
+
+
+@pytest.fixture
+def fleet_redis(fleet) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(fleet.redis.url)
+    yield client
+    client.close()
+
+
+class Receiver:
+    """A local webhook receiver; answers each delivery with the next scripted status."""
+
+    def __init__(self, statuses: list[int] | None = None) -> None:
+        self.statuses = list(statuses or [])
+        self.calls: list[tuple[dict[str, str], bytes]] = []
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["content-length"]))
+                receiver.calls.append(({k.lower(): v for k, v in self.headers.items()}, body))
+                code = receiver.statuses.pop(0) if receiver.statuses else 200
+                self.send_response(code)
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+
+
+def wait_for(predicate, timeout: float = 60, interval: float = 0.05):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError("timed out waiting")
+
+
+def wait_done(api: httpx.Client, job_id: str, timeout: float = 60) -> dict:
+    def done():  # type: ignore[no-untyped-def]
+        job = api.get(f"/v1/jobs/{job_id}").json()
+        return job if job["status"] not in ("queued", "in_progress") else None
+
+    return wait_for(done, timeout)
