@@ -55,7 +55,10 @@ class SamplingFields(BaseModel):
 
 
 class JobCreate(SamplingFields):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={"oneOf": [{"required": ["prompt"]}, {"required": ["messages"]}]},
+    )
     prompt: str | None = Field(None, min_length=1)
     messages: list[ChatMessage] | None = Field(None, min_length=1)
     priority: Priority = Priority.INTERACTIVE

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import redis
 from fastapi import APIRouter, Response
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from gateway.deps import StateDep
@@ -19,7 +19,7 @@ def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/readyz")
+@router.get("/readyz", responses={503: {"description": "Redis or the tokenizer is not available"}})
 def readyz(state: StateDep) -> JSONResponse:
     checks = {"tokenizer": state.tokenizer is not None}
     try:
@@ -33,7 +33,7 @@ def readyz(state: StateDep) -> JSONResponse:
     return JSONResponse(body, status_code=200 if ok else 503)
 
 
-@router.get("/metrics")
+@router.get("/metrics", response_class=PlainTextResponse)
 def metrics(state: StateDep) -> Response:
     names = [queue_name(b, p) for b in BUCKETS for p in Priority]
     try:

@@ -149,3 +149,20 @@ def test_openapi_and_metrics(client):
     text = client.get("/metrics").text
     assert 'tide:gateway_requests_total{code="202",route="/v1/jobs"}' in text
     assert 'tide:queue_depth{queue="tide.medium.interactive"} 1.0' in text
+
+
+def test_chat_messages_use_the_models_template(redis_server, redis_client, tiny_path):
+    with make_client(redis_server, str(tiny_path)) as c:
+        body = {
+            "messages": [
+                {"role": "system", "content": "Be brief."},
+                {"role": "user", "content": "Hi"},
+            ]
+        }
+        job = c.post("/v1/jobs", json={**body, "max_tokens": 5}, headers=A).json()
+        got = c.get(f"/v1/jobs/{job['id']}", headers=A).json()
+        rendered = "<s><|system|>Be brief.\n<|user|>Hi\n<|assistant|>"
+        assert got["usage"]["prompt_tokens"] == len(rendered.encode()) - 2  # "<s>" is one token
+        bad = {"messages": [{"role": "wizard", "content": "x"}]}
+        r = c.post("/v1/jobs", json=bad, headers=A)
+        assert r.status_code == 422 and "messages.0.role" in r.json()["error"]["message"]

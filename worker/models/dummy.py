@@ -25,6 +25,12 @@ SPECIALS = ["<pad>", "<s>", "</s>", "<unk>"]
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = range(4)
 NUM_SPECIALS = len(SPECIALS)
 
+# A minimal role-tagged template, so chat routes work on dummy models too.
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<|{{ m.role }}|>{{ m.content }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
 PRESETS: dict[str, dict[str, Any]] = {
     # Tests: small enough that a forward pass is a millisecond.
     "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -138,6 +144,7 @@ def save_dummy(preset: str, out: str | Path, seed: int = DEFAULT_SEED) -> Path:
                 "unk_token": "<unk>",
                 "pad_token": "<pad>",
                 "model_max_length": config["max_position_embeddings"],
+                "chat_template": CHAT_TEMPLATE,
             },
             indent=2,
         )

@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 
 DEFAULT_SEED = 0
+DUMMY_FORMAT = 2  # bump when save_dummy writes something new, so stale caches are rebuilt
 
 
 def cache_dir() -> Path:
@@ -30,4 +31,4 @@ def model_folder(model: str) -> Path:
     if dummy is None:
         return Path(model)
     preset, seed = dummy
-    return cache_dir() / "dummy" / f"{preset}-seed{seed}"
+    return cache_dir() / "dummy" / f"{preset}-seed{seed}-v{DUMMY_FORMAT}"
