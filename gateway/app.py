@@ -11,13 +11,14 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import redis
+import redis.asyncio
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gateway.deps import GatewayState
-from gateway.metrics import record_request
+from gateway.metrics import RequestMetrics
 from gateway.routes import health, jobs, openai
 from infra.jobstore import JobStore
 from infra.settings import Settings, get_settings
@@ -32,7 +33,10 @@ def load_state(settings: Settings) -> GatewayState:
     if not settings.redis_url:
         raise RuntimeError("the gateway needs REDIS_URL (tide up starts an embedded Redis)")
     client = redis.Redis.from_url(settings.redis_url)
-    state = GatewayState(settings, client, JobStore(client), None, None, settings.model)
+    state = GatewayState(
+        settings, client, JobStore(client), None, None, settings.model,
+        aredis=redis.asyncio.Redis.from_url(settings.redis_url),
+    )  # fmt: skip
     folder = model_folder(settings.model)
     try:
         state.tokenizer = Tokenizer(folder)
@@ -57,6 +61,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.tide = load_state(settings)
         yield
         app.state.tide.redis.close()
+        await app.state.tide.aredis.aclose()
 
     app = FastAPI(
         title="Tide",
@@ -64,7 +69,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         description="Queue-driven LLM inference: submit jobs, poll or stream them, get webhooks.",
         lifespan=lifespan,
     )
-    app.middleware("http")(record_request)
+    app.add_middleware(RequestMetrics)
     for module in (jobs, openai, health):
         app.include_router(module.router)
 

@@ -6,9 +6,11 @@ from dataclasses import dataclass
 from typing import Annotated
 
 import redis
+import redis.asyncio as aredis
 from fastapi import Depends, HTTPException, Request
 
 from infra.jobstore import JobStore
+from infra.protocol import Keys
 from infra.settings import Settings
 from worker.models.config import ModelConfig
 from worker.models.tokenizer import Tokenizer
@@ -22,7 +24,17 @@ class GatewayState:
     tokenizer: Tokenizer | None
     model_config: ModelConfig | None
     model_name: str
+    aredis: aredis.Redis
     load_error: str | None = None
+
+    def __post_init__(self) -> None:
+        from infra.jobstore import _CREATE
+
+        self.create_script = self.aredis.register_script(_CREATE)
+
+    async def get_job(self, job_id: str) -> dict[str, str] | None:
+        raw = await self.aredis.hgetall(Keys.job(job_id))
+        return {k.decode(): v.decode() for k, v in raw.items()} if raw else None
 
 
 def get_state(request: Request) -> GatewayState:

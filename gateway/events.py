@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -18,7 +17,7 @@ async def job_events(state: GatewayState, job_id: str) -> AsyncIterator[dict[str
     """
     key, last = Keys.events(job_id), "0"
     while True:
-        entries = await asyncio.to_thread(state.redis.xread, {key: last}, 100, 1000)
+        entries = await state.aredis.xread({key: last}, count=100, block=1000)
         for _, items in entries or []:
             for entry_id, raw in items:
                 last = entry_id.decode()
@@ -28,7 +27,7 @@ async def job_events(state: GatewayState, job_id: str) -> AsyncIterator[dict[str
                     return
         if entries:
             continue
-        record = await asyncio.to_thread(state.store.get, job_id)
+        record = await state.get_job(job_id)
         if record is None:
             return
         status = JobStatus(record["status"])

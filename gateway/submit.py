@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
-from typing import Any
 
 import jinja2
 from fastapi import HTTPException
@@ -11,8 +11,8 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from gateway.deps import GatewayState
 from infra import queues
-from infra.jobstore import LimitExceeded, new_job_id
-from infra.protocol import JobMessage, JobStatus, Keys, Priority, bucket_for, queue_name
+from infra.jobstore import LimitExceeded, NewJob, new_job_id
+from infra.protocol import JobMessage, JobStatus, Priority, bucket_for, queue_name
 from infra.schemas import ChatMessage, JobCreate
 from infra.webhooks import UnsafeWebhookTarget, check_target
 
@@ -58,27 +58,18 @@ def count_tokens(state: GatewayState, body: JobCreate) -> list[int]:
     return tok.encode(body.prompt or "")
 
 
-def check_rate(state: GatewayState, tenant: str) -> None:
-    second = int(time.time())
-    key = Keys.tenant_rate(tenant, second)
-    pipe = state.redis.pipeline(transaction=False)
-    pipe.incr(key)
-    pipe.expire(key, 2)
-    count, _ = pipe.execute()
-    limit = state.settings.max_requests_per_second_per_tenant
-    if count > limit:
-        raise TooMany("rate", f"rate limit: at most {limit} requests per second per tenant")
-
-
-def submit_job(
+async def submit_job(
     state: GatewayState,
     tenant: str,
     body: JobCreate,
     idempotency_key: str | None,
     priority: Priority | None = None,
-) -> dict[str, Any]:
-    """Validate sizes, write the record and its queue message atomically; return the record."""
-    check_rate(state, tenant)
+) -> dict[str, str]:
+    """Validate sizes, then write the record and its queue message in one script call.
+
+    Returns {id, status, bucket, created_at}; the same job again for a repeated
+    Idempotency-Key of the same tenant.
+    """
     ids = count_tokens(state, body)
     assert state.model_config is not None
     context = state.model_config.max_model_len
@@ -97,7 +88,7 @@ def submit_job(
     webhook_url = str(body.webhook.url) if body.webhook else ""
     if webhook_url:
         try:
-            check_target(webhook_url, state.settings.webhook_allow_hosts)
+            await asyncio.to_thread(check_target, webhook_url, state.settings.webhook_allow_hosts)
         except UnsafeWebhookTarget as e:
             raise HTTPException(400, detail=str(e)) from None
     if idempotency_key is not None and not 1 <= len(idempotency_key) <= 255:
@@ -129,19 +120,19 @@ def submit_job(
         "queued_at": now,
         "attempts": 0,
     }
+    job = NewJob(
+        fields, queue, message, idempotency_key, settings.max_queued_per_tenant,
+        settings.max_queue_length, settings.max_requests_per_second_per_tenant,
+        settings.job_ttl_seconds,
+    )  # fmt: skip
+    keys, args = job.script_call()
     try:
-        job_id, _created = state.store.create(
-            fields, queue, message, idempotency_key,
-            settings.max_queued_per_tenant, settings.max_queue_length, settings.job_ttl_seconds,
-        )  # fmt: skip
+        return job.result(await state.create_script(keys=keys, args=args))
     except LimitExceeded as e:
-        limit = (
-            f"at most {settings.max_queued_per_tenant} unfinished jobs per tenant"
-            if e.reason == "tenant_full"
-            else f"queue {queue} holds its maximum of {settings.max_queue_length} jobs"
-        )
+        limit = {
+            "rate": f"at most {settings.max_requests_per_second_per_tenant} requests per second "
+            "per tenant",
+            "tenant_full": f"at most {settings.max_queued_per_tenant} unfinished jobs per tenant",
+            "queue_full": f"queue {queue} holds its maximum of {settings.max_queue_length} jobs",
+        }[e.reason]
         raise TooMany(e.reason, f"limit reached: {limit}") from None
-    record = state.store.get(job_id)
-    if record is None:
-        raise HTTPException(500, detail="job vanished right after creation")
-    return record

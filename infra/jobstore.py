@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 import redis
@@ -18,17 +19,26 @@ import redis
 from infra.protocol import JobStatus, Keys
 
 _CREATE = """
-local existing = ARGV[1] ~= '' and redis.call('GET', KEYS[2])
-if existing then return {'exists', existing} end
-if tonumber(redis.call('GET', KEYS[3]) or '0') >= tonumber(ARGV[5]) then
-  return {'tenant_full', ''}
+local calls = redis.call('INCR', KEYS[5])
+if calls == 1 then redis.call('EXPIRE', KEYS[5], 2) end
+if calls > tonumber(ARGV[3]) then return {'rate'} end
+if ARGV[1] ~= '' then
+  local existing = redis.call('GET', KEYS[2])
+  if existing then
+    local f = redis.call('HMGET', 'tide:job:' .. existing, 'status', 'bucket', 'created_at')
+    if f[1] then return {'exists', existing, f[1], f[2], f[3]} end
+  end
 end
-if redis.call('LLEN', KEYS[4]) >= tonumber(ARGV[6]) then return {'queue_full', ''} end
+if tonumber(redis.call('GET', KEYS[3]) or '0') >= tonumber(ARGV[5]) then
+  return {'tenant_full'}
+end
+if redis.call('LLEN', KEYS[4]) >= tonumber(ARGV[6]) then return {'queue_full'} end
 redis.call('HSET', KEYS[1], unpack(ARGV, 8))
 redis.call('EXPIRE', KEYS[1], ARGV[4])
 if ARGV[1] ~= '' then redis.call('SET', KEYS[2], ARGV[2], 'EX', ARGV[4]) end
 redis.call('INCR', KEYS[3])
 redis.call('LPUSH', KEYS[4], ARGV[7])
+redis.call('PUBLISH', KEYS[6], KEYS[4])
 return {'created', ARGV[2]}
 """
 
@@ -118,6 +128,54 @@ return 'requeued'
 """
 
 
+@dataclass
+class NewJob:
+    """Everything the create script needs; built by the gateway, written in one call."""
+
+    fields: dict[str, Any]
+    queue: str
+    message: str
+    idempotency_key: str | None
+    max_active: int
+    max_queue_length: int
+    max_rate: int
+    ttl_seconds: int
+
+    def script_call(self) -> tuple[list[str], list[Any]]:
+        job_id, tenant = self.fields["id"], self.fields["tenant"]
+        flat: list[Any] = []
+        for k, v in {**self.fields, "queue": self.queue, "message": self.message}.items():
+            flat += [k, _encode(v)]
+        keys = [
+            Keys.job(job_id),
+            Keys.idempotency(tenant, self.idempotency_key or "-"),
+            Keys.tenant_active(tenant),
+            self.queue,
+            Keys.tenant_rate(tenant, int(time.time())),
+            Keys.wakeup,
+        ]
+        args = [
+            self.idempotency_key or "", job_id, self.max_rate, self.ttl_seconds,
+            self.max_active, self.max_queue_length, self.message, *flat,
+        ]  # fmt: skip
+        return keys, args
+
+    def result(self, raw: list[Any]) -> dict[str, str]:
+        """{id, status, bucket, created_at} of the new (or idempotently found) job."""
+        out = [v.decode() if isinstance(v, bytes) else v for v in raw]
+        if out[0] in ("rate", "tenant_full", "queue_full"):
+            raise LimitExceeded(out[0])
+        if out[0] == "exists":
+            return {"id": out[1], "status": out[2], "bucket": out[3], "created_at": out[4]}
+        f = self.fields
+        return {
+            "id": f["id"],
+            "status": f["status"],
+            "bucket": f["bucket"],
+            "created_at": repr(f["created_at"]),
+        }
+
+
 class LimitExceeded(Exception):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
@@ -131,7 +189,7 @@ def new_job_id() -> str:
 class JobStore:
     def __init__(self, client: redis.Redis) -> None:
         self.r = client
-        self._create = client.register_script(_CREATE)
+        self.create_script = client.register_script(_CREATE)
         self._acquire = client.register_script(_ACQUIRE)
         self._refresh = client.register_script(_REFRESH)
         self._update = client.register_script(_UPDATE_IF_HOLDER)
@@ -140,38 +198,9 @@ class JobStore:
         self._cancel = client.register_script(_CANCEL)
         self._reap = client.register_script(_REAP)
 
-    def create(
-        self,
-        fields: dict[str, Any],
-        queue: str,
-        message: str,
-        idempotency_key: str | None,
-        max_active: int,
-        max_queue_length: int,
-        ttl_seconds: int,
-    ) -> tuple[str, bool]:
-        """Write the record and push its message atomically. Returns (job id, created)."""
-        job_id, tenant = fields["id"], fields["tenant"]
-        flat: list[Any] = []
-        for k, v in {**fields, "queue": queue, "message": message}.items():
-            flat += [k, _encode(v)]
-        status, value = self._create(
-            keys=[
-                Keys.job(job_id),
-                Keys.idempotency(tenant, idempotency_key or "-"),
-                Keys.tenant_active(tenant),
-                queue,
-            ],
-            args=[
-                idempotency_key or "", job_id, "", ttl_seconds, max_active, max_queue_length,
-                message, *flat,
-            ],
-        )  # fmt: skip
-        status = status.decode() if isinstance(status, bytes) else status
-        if status in ("tenant_full", "queue_full"):
-            raise LimitExceeded(status)
-        value = value.decode() if isinstance(value, bytes) else value
-        return value, status == "created"
+    def create(self, job: NewJob) -> dict[str, str]:
+        keys, args = job.script_call()
+        return job.result(self.create_script(keys=keys, args=args))
 
     def get(self, job_id: str) -> dict[str, str] | None:
         raw = self.r.hgetall(Keys.job(job_id))

@@ -84,6 +84,7 @@ class Keys:
 
     leases = "tide:leases"  # zset job_id -> lease expiry (unix seconds)
     workers = "tide:workers"  # zset worker_id -> last heartbeat
+    wakeup = "tide:wakeup"  # pub/sub: each new job's queue name, so idle workers wake at once
 
 
 @dataclass

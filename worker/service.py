@@ -32,6 +32,7 @@ from worker.engine import Priority as EnginePriority
 log = logging.getLogger(__name__)
 
 LEASE_REFRESH_SECONDS = 0.5  # also how fast a cancel reaches a running job
+IDLE_WAIT_SECONDS = 0.02  # the longest an idle worker waits before polling again
 FINISH_STATUS = {"stop": JobStatus.COMPLETED, "length": JobStatus.COMPLETED}
 
 
@@ -76,7 +77,12 @@ class WorkerService:
         self._next_refresh = 0.0
         self._next_heartbeat = 0.0
         self._last_tokens = (time.monotonic(), 0)
-        self._idle = 0.001
+        self.wakeups = self._subscribe()
+
+    def _subscribe(self) -> redis.client.PubSub:
+        pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
+        pubsub.subscribe(Keys.wakeup)
+        return pubsub
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -117,15 +123,17 @@ class WorkerService:
             self._fill()
         if self.engine.has_unfinished():
             self._handle(self.engine.step())
-            self._idle = 0.001
         else:
-            time.sleep(self._idle)
-            self._idle = min(self._idle * 2, 0.02)
+            # Idle: sleep until the gateway announces a new job (or 20 ms pass).
+            self.wakeups.get_message(timeout=IDLE_WAIT_SECONDS)
         return True
 
     def _reconnect(self) -> None:
         with contextlib.suppress(Exception):  # the old connection is already broken
             self.conn.release()
+        with contextlib.suppress(Exception):
+            self.wakeups.close()
+        self.wakeups = self._subscribe()
         self.conn = queues.connection(self.settings.redis_url or "")
         channel = self.conn.default_channel
         self.queues = [kombu.Queue(n, channel=channel, no_declare=True) for n in self.queue_names]

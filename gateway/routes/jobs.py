@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Annotated
 
@@ -23,21 +24,21 @@ ERRORS = {
 }
 
 
-def owned_job(state: GatewayState, tenant: str, job_id: str) -> dict[str, str]:
-    record = state.store.get(job_id)
+async def owned_job(state: GatewayState, tenant: str, job_id: str) -> dict[str, str]:
+    record = await state.get_job(job_id)
     if record is None or record.get("tenant") != tenant:
         raise HTTPException(404, detail=f"job {job_id!r} not found")
     return record
 
 
 @router.post("", status_code=202, response_model=JobAccepted, responses=ERRORS)
-def create_job(
+async def create_job(
     body: JobCreate,
     state: StateDep,
     tenant: TenantDep,
     idempotency_key: Annotated[str | None, Header()] = None,
 ) -> JobAccepted:
-    record = submit_job(state, tenant, body, idempotency_key)
+    record = await submit_job(state, tenant, body, idempotency_key)
     return JobAccepted(
         id=record["id"],
         status=JobStatus(record["status"]),
@@ -47,28 +48,28 @@ def create_job(
 
 
 @router.get("/{job_id}", response_model=JobPublic, responses=ERRORS)
-def get_job(job_id: str, state: StateDep, tenant: TenantDep) -> JobPublic:
-    return job_public(owned_job(state, tenant, job_id))
+async def get_job(job_id: str, state: StateDep, tenant: TenantDep) -> JobPublic:
+    return job_public(await owned_job(state, tenant, job_id))
 
 
 @router.delete("/{job_id}", response_model=JobPublic, responses=ERRORS)
-def cancel_job(job_id: str, state: StateDep, tenant: TenantDep) -> JobPublic:
-    owned_job(state, tenant, job_id)
-    state.store.cancel(job_id, tenant)
-    return job_public(owned_job(state, tenant, job_id))
+async def cancel_job(job_id: str, state: StateDep, tenant: TenantDep) -> JobPublic:
+    await owned_job(state, tenant, job_id)
+    await asyncio.to_thread(state.store.cancel, job_id, tenant)
+    return job_public(await owned_job(state, tenant, job_id))
 
 
 @router.get("/{job_id}/events", responses=ERRORS)
 async def stream_job(job_id: str, state: StateDep, tenant: TenantDep) -> EventSourceResponse:
     """Server-Sent Events: `delta` events with text, then one `done` with the final job."""
-    owned_job(state, tenant, job_id)
+    await owned_job(state, tenant, job_id)
 
     async def events():  # type: ignore[no-untyped-def]
         async for event in job_events(state, job_id):
             if event["type"] == "delta":
                 yield {"event": "delta", "data": json.dumps({"text": event["text"]})}
             else:
-                final = job_public(owned_job(state, tenant, job_id))
+                final = job_public(await owned_job(state, tenant, job_id))
                 yield {"event": "done", "data": final.model_dump_json()}
 
     return EventSourceResponse(events())

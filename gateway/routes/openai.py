@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
@@ -47,7 +46,7 @@ async def _collect(state: GatewayState, job_id: str) -> tuple[str, dict[str, str
     async for event in job_events(state, job_id):
         if event["type"] == "delta":
             text.append(event["text"])
-    record = state.store.get(job_id) or {}
+    record = await state.get_job(job_id) or {}
     if record.get("status") != "completed":
         raise HTTPException(
             500, detail=f"job {job_id} {record.get('status')}: {record.get('error')}"
@@ -72,7 +71,7 @@ def _stream(state: GatewayState, job_id: str, chunk: Any, object_name: str) -> E
         async for event in job_events(state, job_id):
             if event["type"] == "delta" and event["text"]:
                 yield {"data": json.dumps(chunk(event["text"], None))}
-        record = state.store.get(job_id) or {}
+        record = await state.get_job(job_id) or {}
         yield {"data": json.dumps(chunk("", record.get("finish_reason") or "stop"))}
         yield {"data": "[DONE]"}
 
@@ -81,9 +80,7 @@ def _stream(state: GatewayState, job_id: str, chunk: Any, object_name: str) -> E
 
 @router.post("/completions", responses=ERRORS)
 async def completions(body: CompletionCreate, state: StateDep, tenant: TenantDep) -> Any:
-    record = await asyncio.to_thread(
-        submit_job, state, tenant, _job(body, prompt=body.prompt), None
-    )
+    record = await submit_job(state, tenant, _job(body, prompt=body.prompt), None)
     job_id, created = record["id"], int(time.time())
     base = {
         "id": job_id,
@@ -109,9 +106,7 @@ async def completions(body: CompletionCreate, state: StateDep, tenant: TenantDep
 
 @router.post("/chat/completions", responses=ERRORS)
 async def chat_completions(body: ChatCompletionCreate, state: StateDep, tenant: TenantDep) -> Any:
-    record = await asyncio.to_thread(
-        submit_job, state, tenant, _job(body, messages=body.messages), None
-    )
+    record = await submit_job(state, tenant, _job(body, messages=body.messages), None)
     job_id, created = record["id"], int(time.time())
     base = {"id": job_id, "created": created, "model": state.model_name}
     if body.stream:

@@ -1,0 +1,173 @@
+#!/usr/bin/env python3
+"""Gateway benchmark: open-loop load on POST /v1/jobs, and worker pickup latency.
+
+Starts an embedded Redis and one uvicorn gateway process on loopback (a real
+tokenizer: stories260K when ../shared has it, else dummy:tiny), then
+  1. sends --requests jobs at --rate per second (open loop: each request's latency is
+     measured from its scheduled send time) and reports accepted jobs/s, p50 and p99;
+  2. starts one worker, lets it go idle, submits --pickup-jobs one at a time and reports
+     submit -> engine admission (the job's started_at - queued_at), p50 and p99.
+Traffic stays on loopback and is bounded in count and time. Last line: one JSON object.
+
+    python scripts/bench_gateway.py --rate 1000 --requests 5000
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import redis
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from infra.redis_server import EmbeddedRedis, free_port  # noqa: E402
+
+STORIES = ROOT.parent / "shared/models/stories260K"
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def open_loop(url: str, rate: float, n: int, concurrency: int) -> dict:
+    """Open-loop POSTs over keep-alive connections (a minimal HTTP/1.1 client: the load
+    generator shares two cores with the server, so it must cost little per request)."""
+    host, port = url.removeprefix("http://").split(":")
+    body = json.dumps(
+        {"prompt": "Once upon a time, there was a little girl named Lily.", "max_tokens": 32}
+    ).encode()
+    request = (
+        f"POST /v1/jobs HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+    start = time.perf_counter() + 0.2
+    todo: asyncio.Queue[float] = asyncio.Queue()
+    for i in range(n):
+        todo.put_nowait(start + i / rate)
+    latencies: list[float] = []
+    codes: dict[int, int] = {}
+
+    async def connection() -> None:
+        reader, writer = await asyncio.open_connection(host, int(port))
+        while not todo.empty():
+            scheduled = todo.get_nowait()
+            await asyncio.sleep(max(0.0, scheduled - time.perf_counter()))
+            writer.write(request)
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+            await reader.readexactly(length)
+            latencies.append(time.perf_counter() - scheduled)
+            code = int(head.split(b" ", 2)[1])
+            codes[code] = codes.get(code, 0) + 1
+        writer.close()
+
+    await asyncio.gather(*(connection() for _ in range(concurrency)))
+    elapsed = time.perf_counter() - start
+    return {
+        "offered_rate": rate,
+        "requests": n,
+        "accepted_per_s": codes.get(202, 0) / elapsed,
+        "p50_ms": 1e3 * percentile(latencies, 0.5),
+        "p99_ms": 1e3 * percentile(latencies, 0.99),
+        "codes": codes,
+    }
+
+
+def pickup(url: str, r: redis.Redis, n: int) -> dict:
+    waits = []
+    with httpx.Client(base_url=url, timeout=30) as client:
+        for _ in range(n):
+            time.sleep(0.05)  # let the worker go idle between jobs
+            job = client.post("/v1/jobs", json={"prompt": "Lily wanted to", "max_tokens": 2}).json()
+            key = f"tide:job:{job['id']}"
+            while not r.hget(key, "started_at"):
+                time.sleep(0.0005)
+            queued, started = (float(v) for v in r.hmget(key, "queued_at", "started_at"))
+            waits.append(started - queued)
+    return {
+        "jobs": n,
+        "p50_ms": 1e3 * statistics.median(waits),
+        "p99_ms": 1e3 * percentile(waits, 0.99),
+    }
+
+
+def wait_http(url: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError("gateway did not start")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
+    parser.add_argument("--rate", type=float, default=1000.0, help="offered requests per second")
+    parser.add_argument("--requests", type=int, default=5000)
+    parser.add_argument("--concurrency", type=int, default=64, help="client connections")
+    parser.add_argument("--pickup-jobs", type=int, default=100)
+    parser.add_argument("--model", default=str(STORIES) if STORIES.is_dir() else "dummy:tiny")
+    args = parser.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="tide-bench-gw-"))
+    server = EmbeddedRedis(tmp / "redis").start()
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = {
+        **os.environ, "REDIS_URL": server.url, "TIDE_MODEL": args.model, "PYTHONPATH": str(ROOT),
+        "TIDE_MAX_QUEUED_PER_TENANT": "1000000",
+        "TIDE_MAX_REQUESTS_PER_SECOND_PER_TENANT": "1000000",
+    }  # fmt: skip
+    if args.model.startswith("dummy:"):
+        from worker.models.dummy import resolve_model_path
+
+        resolve_model_path(args.model)
+    gateway = [sys.executable, "-m", "uvicorn", "gateway.app:app", "--port", str(port),
+               "--log-level", "warning", "--no-access-log"]  # fmt: skip
+    procs = [subprocess.Popen(gateway, env=env, cwd=ROOT)]
+    results: dict = {"model": args.model}
+    try:
+        wait_http(url)
+        load = asyncio.run(open_loop(url, args.rate, args.requests, args.concurrency))
+        results["load"] = load
+        print(
+            f"POST /v1/jobs at {args.rate:.0f}/s offered, {args.requests} requests: "
+            f"{load['accepted_per_s']:.0f} accepted/s, p50 {load['p50_ms']:.1f} ms, "
+            f"p99 {load['p99_ms']:.1f} ms, codes {load['codes']}"
+        )
+        r = redis.Redis.from_url(server.url)
+        r.flushdb()
+        worker = [sys.executable, "-m", "infra.cli", "worker", "--max-num-seqs", "8"]
+        procs.append(subprocess.Popen(worker, env=env, cwd=ROOT))
+        while not r.zcard("tide:workers"):
+            time.sleep(0.1)
+        pick = pickup(url, r, args.pickup_jobs)
+        results["pickup"] = pick
+        print(f"pickup (submit -> engine admission, idle worker): p50 {pick['p50_ms']:.2f} ms, "
+              f"p99 {pick['p99_ms']:.2f} ms over {pick['jobs']} jobs")  # fmt: skip
+    finally:
+        for p in procs:
+            p.terminate()
+            p.wait(timeout=30)
+        server.stop()
+    print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()
