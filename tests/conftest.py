@@ -13,7 +13,19 @@ import redis
 from infra.redis_server import EmbeddedRedis
 
 ROOT = Path(__file__).resolve().parents[1]
-STORIES = Path(os.environ.get("TIDE_STORIES_PATH", ROOT.parent / "shared/models/stories260K"))
+
+
+def _find_stories() -> Path:
+    """The shared fixture model: $TIDE_STORIES_PATH, ../shared beside the checkout, /work/shared."""
+    if os.environ.get("TIDE_STORIES_PATH"):  # explicit: use it (or skip), no fallback
+        return Path(os.environ["TIDE_STORIES_PATH"])
+    for c in (ROOT.parent / "shared/models/stories260K", Path("/work/shared/models/stories260K")):
+        if (c / "model.safetensors").is_file():
+            return c
+    return ROOT.parent / "shared/models/stories260K"
+
+
+STORIES = _find_stories()
 
 
 @pytest.fixture(scope="session", autouse=True)

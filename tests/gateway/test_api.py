@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import shutil
+
 import pytest
 from fastapi.testclient import TestClient
 
@@ -24,8 +27,9 @@ def make_client(redis_server, model: str, **overrides) -> TestClient:
 
 
 @pytest.fixture
-def client(redis_server, redis_client, stories_path):
-    with make_client(redis_server, str(stories_path)) as c:
+def client(redis_server, redis_client, tiny_path):
+    # dummy:tiny: a byte-level tokenizer (one token per byte plus <s>), context 1024.
+    with make_client(redis_server, str(tiny_path)) as c:
         yield c
 
 
@@ -39,19 +43,19 @@ def test_submit_and_get(client, redis_client):
     job = r.json()
     assert job["status"] == "queued" and job["bucket"] == "short" and job["id"].startswith("job_")
     got = client.get(f"/v1/jobs/{job['id']}", headers=A).json()
-    assert got["usage"]["prompt_tokens"] == 5  # <s> + 4 tokens, the workers' own tokenizer
+    assert got["usage"]["prompt_tokens"] == 17  # <s> + 16 bytes: the workers' own tokenizer
     assert got["priority"] == "interactive" and got["attempts"] == 0
     assert redis_client.llen("tide.short.interactive") == 1
 
 
 @pytest.mark.parametrize(
-    ("max_tokens", "bucket"), [(50, "short"), (59, "short"), (60, "medium"), (252, "long")]
+    ("max_tokens", "bucket"), [(20, "short"), (47, "short"), (48, "medium"), (240, "long")]
 )
 def test_bucket_by_prompt_plus_max_tokens(client, max_tokens, bucket):
     r = client.post(
         "/v1/jobs", json={"prompt": "Once upon a time", "max_tokens": max_tokens}, headers=A
     )
-    assert r.json()["bucket"] == bucket  # 5 prompt tokens: short <= 64 < medium <= 256 < long
+    assert r.json()["bucket"] == bucket  # 17 prompt tokens: short <= 64 < medium <= 256 < long
 
 
 @pytest.mark.parametrize(
@@ -64,8 +68,8 @@ def test_bucket_by_prompt_plus_max_tokens(client, max_tokens, bucket):
             422,
             "max_tokens: Input should be greater than or equal to 1",
         ),
-        ({"prompt": "a", "max_tokens": 600}, 400, "exceeds the model's context of 512 tokens"),
-        ({"prompt": "word " * 600}, 400, "the model's context is 512 tokens"),
+        ({"prompt": "a", "max_tokens": 1023}, 400, "exceeds the model's context of 1024 tokens"),
+        ({"prompt": "word " * 300}, 400, "1501 tokens, but the model's context is 1024 tokens"),
         ({"prompt": "a", "temperature": "hot"}, 422, "temperature"),
         ({"prompt": "a", "top_p": 1.5}, 422, "top_p: Input should be less than or equal to 1"),
         ({"prompt": "a", "surprise": 1}, 422, "surprise: Extra inputs are not permitted"),
@@ -73,7 +77,6 @@ def test_bucket_by_prompt_plus_max_tokens(client, max_tokens, bucket):
         ({"prompt": "a", "webhook": {"url": "http://10.0.0.8/hook"}}, 400, "non-public address"),
         ({"prompt": "a", "priority": "urgent"}, 422, "priority"),
         ({"prompt": ""}, 422, "prompt: String should have at least 1 character"),
-        ({"messages": [{"role": "user", "content": "hi"}]}, 400, "has no chat template"),
     ],
 )
 def test_bad_input_names_the_field_and_enqueues_nothing(
@@ -112,8 +115,8 @@ def test_cancel_a_queued_job(client):
     assert client.get(f"/v1/jobs/{job['id']}", headers=A).json()["status"] == "cancelled"
 
 
-def test_tenant_limit_answers_429_with_retry_after(redis_server, redis_client, stories_path):
-    with make_client(redis_server, str(stories_path), max_queued_per_tenant=2) as c:
+def test_tenant_limit_answers_429_with_retry_after(redis_server, redis_client, tiny_path):
+    with make_client(redis_server, str(tiny_path), max_queued_per_tenant=2) as c:
         for _ in range(2):
             assert c.post("/v1/jobs", json={"prompt": "a"}, headers=A).status_code == 202
         r = c.post("/v1/jobs", json={"prompt": "a"}, headers=A)
@@ -123,15 +126,15 @@ def test_tenant_limit_answers_429_with_retry_after(redis_server, redis_client, s
         assert redis_client.get(Keys.tenant_active("tenant-a")) == b"2"
 
 
-def test_queue_cap_and_rate_limit(redis_server, redis_client, stories_path):
-    with make_client(redis_server, str(stories_path), max_queue_length=1) as c:
+def test_queue_cap_and_rate_limit(redis_server, redis_client, tiny_path):
+    with make_client(redis_server, str(tiny_path), max_queue_length=1) as c:
         assert c.post("/v1/jobs", json={"prompt": "a"}, headers=A).status_code == 202
         r = c.post("/v1/jobs", json={"prompt": "a"}, headers=B)
         assert (
             r.status_code == 429 and "holds its maximum of 1 jobs" in r.json()["error"]["message"]
         )
     redis_client.flushdb()
-    with make_client(redis_server, str(stories_path), max_requests_per_second_per_tenant=3) as c:
+    with make_client(redis_server, str(tiny_path), max_requests_per_second_per_tenant=3) as c:
         codes = [c.post("/v1/jobs", json={"prompt": "a"}, headers=A).status_code for _ in range(8)]
         assert 429 in codes and codes.count(202) >= 3
 
@@ -166,3 +169,15 @@ def test_chat_messages_use_the_models_template(redis_server, redis_client, tiny_
         bad = {"messages": [{"role": "wizard", "content": "x"}]}
         r = c.post("/v1/jobs", json=bad, headers=A)
         assert r.status_code == 422 and "messages.0.role" in r.json()["error"]["message"]
+
+
+def test_chat_without_a_template_is_a_clear_400(redis_server, redis_client, tiny_path, tmp_path):
+    folder = tmp_path / "no-template"
+    shutil.copytree(tiny_path, folder)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    del config["chat_template"]
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    with make_client(redis_server, str(folder)) as c:
+        r = c.post("/v1/jobs", json={"messages": [{"role": "user", "content": "hi"}]}, headers=A)
+        assert r.status_code == 400 and "has no chat template" in r.json()["error"]["message"]
+        assert not redis_client.keys("tide:job:*")

@@ -104,8 +104,16 @@ class Fleet:
 
 
 @pytest.fixture(scope="module")
-def fleet(tmp_path_factory, stories_path) -> Iterator[Fleet]:
-    f = Fleet(tmp_path_factory.mktemp("fleet"), stories_path)
+def fleet_model(tiny_path) -> Path:
+    """stories260K when ../shared has it (real text), else dummy:tiny."""
+    from tests.conftest import STORIES
+
+    return STORIES if (STORIES / "model.safetensors").is_file() else tiny_path
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory, fleet_model) -> Iterator[Fleet]:
+    f = Fleet(tmp_path_factory.mktemp("fleet"), fleet_model)
     try:
         yield f.start()
     finally:

@@ -34,11 +34,13 @@ def workload() -> list[dict]:
     return jobs
 
 
-def test_fifty_jobs_across_buckets_match_the_engine(api, stories_path):
+def test_fifty_jobs_across_buckets_match_the_engine(api, fleet_model):
     jobs = workload()
-    engine = make_engine(stories_path)
+    engine = make_engine(fleet_model)
     prompts = [engine.tokenizer.encode(j["prompt"]) for j in jobs]
-    fits = [len(p) + j["max_tokens"] <= 512 for p, j in zip(prompts, jobs, strict=True)]
+    fits = [
+        len(p) + j["max_tokens"] <= engine.max_model_len for p, j in zip(prompts, jobs, strict=True)
+    ]
     jobs = [j for j, ok in zip(jobs, fits, strict=True) if ok]
     prompts = [p for p, ok in zip(prompts, fits, strict=True) if ok]
     expected = engine.generate(
@@ -58,7 +60,7 @@ def test_fifty_jobs_across_buckets_match_the_engine(api, stories_path):
         assert job["timings"]["queue_seconds"] >= 0 and job["timings"]["ttft_seconds"] > 0
 
 
-def test_events_replay_and_openai_routes(api):
+def test_events_replay_and_openai_routes(api, fleet_model):
     job = api.post(
         "/v1/jobs", json={"prompt": "Once upon a time", "max_tokens": 30, "temperature": 0}
     ).json()
@@ -87,7 +89,7 @@ def test_events_replay_and_openai_routes(api):
             if line.startswith("data:") and line.strip() != "data: [DONE]":
                 chunks.append(json.loads(line[5:])["choices"][0]["text"])
     assert "".join(chunks) == final["result"]["text"]
-    assert api.get("/v1/models").json()["data"][0]["id"].endswith("stories260K")
+    assert api.get("/v1/models").json()["data"][0]["id"] == str(fleet_model)
 
 
 def test_webhook_signed_and_retried_after_a_500(api):
