@@ -6,6 +6,7 @@ tokenizer.json the workers load (tests/gateway/test_no_torch.py proves it).
 
 from __future__ import annotations
 
+import gc
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -59,6 +60,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.tide = load_state(settings)
+        # Long-lived start-up objects (tokenizer, schemas) need no more GC scans: this
+        # keeps collections short on the request path.
+        gc.collect()
+        gc.freeze()
         yield
         app.state.tide.redis.close()
         await app.state.tide.aredis.aclose()

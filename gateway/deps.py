@@ -37,7 +37,7 @@ class GatewayState:
         return {k.decode(): v.decode() for k, v in raw.items()} if raw else None
 
 
-def get_state(request: Request) -> GatewayState:
+async def get_state(request: Request) -> GatewayState:
     state: GatewayState = request.app.state.tide
     return state
 
@@ -45,7 +45,7 @@ def get_state(request: Request) -> GatewayState:
 StateDep = Annotated[GatewayState, Depends(get_state)]
 
 
-def current_tenant(request: Request, state: StateDep) -> str:
+async def current_tenant(request: Request, state: StateDep) -> str:
     keys = state.settings.api_keys
     if not keys:
         return "default"

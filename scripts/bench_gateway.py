@@ -4,7 +4,8 @@
 Starts an embedded Redis and one uvicorn gateway process on loopback (a real
 tokenizer: stories260K when ../shared has it, else dummy:tiny), then
   1. sends --requests jobs at --rate per second (open loop: each request's latency is
-     measured from its scheduled send time) and reports accepted jobs/s, p50 and p99;
+     measured from its scheduled send time) after --warmup-seconds of unmeasured traffic
+     at the same rate, and reports accepted jobs/s, p50 and p99;
   2. starts one worker, lets it go idle, submits --pickup-jobs one at a time and reports
      submit -> engine admission (the job's started_at - queued_at), p50 and p99.
 Traffic stays on loopback and is bounded in count and time. Last line: one JSON object.
@@ -41,7 +42,7 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-async def open_loop(url: str, rate: float, n: int, concurrency: int) -> dict:
+async def open_loop(url: str, rate: float, n: int, concurrency: int, warmup: int = 0) -> dict:
     """Open-loop POSTs over keep-alive connections (a minimal HTTP/1.1 client: the load
     generator shares two cores with the server, so it must cost little per request)."""
     host, port = url.removeprefix("http://").split(":")
@@ -53,31 +54,35 @@ async def open_loop(url: str, rate: float, n: int, concurrency: int) -> dict:
         f"Content-Length: {len(body)}\r\n\r\n"
     ).encode() + body
     start = time.perf_counter() + 0.2
-    todo: asyncio.Queue[float] = asyncio.Queue()
-    for i in range(n):
-        todo.put_nowait(start + i / rate)
+    todo: asyncio.Queue[tuple[int, float]] = asyncio.Queue()
+    for i in range(warmup + n):
+        todo.put_nowait((i, start + i / rate))
     latencies: list[float] = []
+    warm_latencies: list[float] = []
     codes: dict[int, int] = {}
 
     async def connection() -> None:
         reader, writer = await asyncio.open_connection(host, int(port))
         while not todo.empty():
-            scheduled = todo.get_nowait()
+            i, scheduled = todo.get_nowait()
             await asyncio.sleep(max(0.0, scheduled - time.perf_counter()))
             writer.write(request)
             head = await reader.readuntil(b"\r\n\r\n")
             length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
             await reader.readexactly(length)
-            latencies.append(time.perf_counter() - scheduled)
+            (latencies if i >= warmup else warm_latencies).append(time.perf_counter() - scheduled)
             code = int(head.split(b" ", 2)[1])
-            codes[code] = codes.get(code, 0) + 1
+            if i >= warmup:
+                codes[code] = codes.get(code, 0) + 1
         writer.close()
 
     await asyncio.gather(*(connection() for _ in range(concurrency)))
-    elapsed = time.perf_counter() - start
+    elapsed = time.perf_counter() - start - warmup / rate
     return {
         "offered_rate": rate,
         "requests": n,
+        "warmup_requests": warmup,
+        "warmup_p99_ms": 1e3 * percentile(warm_latencies, 0.99) if warm_latencies else None,
         "accepted_per_s": codes.get(202, 0) / elapsed,
         "p50_ms": 1e3 * percentile(latencies, 0.5),
         "p99_ms": 1e3 * percentile(latencies, 0.99),
@@ -123,6 +128,10 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=5000)
     parser.add_argument("--concurrency", type=int, default=64, help="client connections")
     parser.add_argument("--pickup-jobs", type=int, default=100)
+    parser.add_argument(
+        "--warmup-seconds", type=float, default=1.0,
+        help="send this long at the same rate first, unmeasured (connections, first calls)",
+    )  # fmt: skip
     parser.add_argument("--model", default=str(STORIES) if STORIES.is_dir() else "dummy:tiny")
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="tide-bench-gw-"))
@@ -144,12 +153,14 @@ def main() -> None:
     results: dict = {"model": args.model}
     try:
         wait_http(url)
-        load = asyncio.run(open_loop(url, args.rate, args.requests, args.concurrency))
+        warmup = int(args.rate * args.warmup_seconds)
+        load = asyncio.run(open_loop(url, args.rate, args.requests, args.concurrency, warmup))
         results["load"] = load
         print(
             f"POST /v1/jobs at {args.rate:.0f}/s offered, {args.requests} requests: "
             f"{load['accepted_per_s']:.0f} accepted/s, p50 {load['p50_ms']:.1f} ms, "
-            f"p99 {load['p99_ms']:.1f} ms, codes {load['codes']}"
+            f"p99 {load['p99_ms']:.1f} ms, codes {load['codes']} "
+            f"(after {warmup} warm-up requests, whose p99 was {load['warmup_p99_ms'] or 0:.1f} ms)"
         )
         r = redis.Redis.from_url(server.url)
         r.flushdb()

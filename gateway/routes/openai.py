@@ -130,5 +130,5 @@ class ModelCard(BaseModel):
 
 
 @router.get("/models")
-def list_models(state: StateDep, tenant: TenantDep) -> dict[str, Any]:
+async def list_models(state: StateDep, tenant: TenantDep) -> dict[str, Any]:
     return {"object": "list", "data": [ModelCard(id=state.model_name).model_dump()]}
