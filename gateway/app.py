@@ -23,9 +23,8 @@ from gateway.metrics import RequestMetrics
 from gateway.routes import health, jobs, openai
 from infra.jobstore import JobStore
 from infra.settings import Settings, get_settings
-from worker.models.config import ModelConfig
+from infra.submission import ModelInfo
 from worker.models.registry import model_folder
-from worker.models.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -35,14 +34,13 @@ def load_state(settings: Settings) -> GatewayState:
         raise RuntimeError("the gateway needs REDIS_URL (tide up starts an embedded Redis)")
     client = redis.Redis.from_url(settings.redis_url)
     state = GatewayState(
-        settings, client, JobStore(client), None, None, settings.model,
+        settings, client, JobStore(client), None, settings.model,
         aredis=redis.asyncio.Redis.from_url(settings.redis_url),
     )  # fmt: skip
-    folder = model_folder(settings.model)
     try:
-        state.tokenizer = Tokenizer(folder)
-        state.model_config = ModelConfig.from_folder(folder)
+        state.model = ModelInfo.load(settings.model)
     except (OSError, ValueError) as e:
+        folder = model_folder(settings.model)
         state.load_error = f"cannot load the tokenizer of {settings.model!r} from {folder}: {e}"
         log.error(state.load_error)
     return state

@@ -12,8 +12,7 @@ from fastapi import Depends, HTTPException, Request
 from infra.jobstore import JobStore
 from infra.protocol import Keys
 from infra.settings import Settings
-from worker.models.config import ModelConfig
-from worker.models.tokenizer import Tokenizer
+from infra.submission import ModelInfo
 
 
 @dataclass
@@ -21,8 +20,7 @@ class GatewayState:
     settings: Settings
     redis: redis.Redis
     store: JobStore
-    tokenizer: Tokenizer | None
-    model_config: ModelConfig | None
+    model: ModelInfo | None
     model_name: str
     aredis: aredis.Redis
     load_error: str | None = None

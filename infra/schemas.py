@@ -72,6 +72,23 @@ class JobCreate(SamplingFields):
         return self
 
 
+# OpenAI-compatible request bodies (the routes and the batch API's lines).
+class CompletionCreate(SamplingFields):
+    model_config = ConfigDict(extra="ignore")  # OpenAI clients send fields Tide ignores
+    model: str | None = None
+    prompt: str = Field(..., min_length=1)
+    max_tokens: int = Field(16, ge=1)
+    stream: bool = False
+
+
+class ChatCompletionCreate(SamplingFields):
+    model_config = ConfigDict(extra="ignore")
+    model: str | None = None
+    messages: list[ChatMessage] = Field(..., min_length=1)
+    max_tokens: int = Field(256, ge=1)
+    stream: bool = False
+
+
 class JobAccepted(BaseModel):
     id: str
     status: JobStatus

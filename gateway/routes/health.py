@@ -21,7 +21,7 @@ def healthz() -> dict[str, str]:
 
 @router.get("/readyz", responses={503: {"description": "Redis or the tokenizer is not available"}})
 def readyz(state: StateDep) -> JSONResponse:
-    checks = {"tokenizer": state.tokenizer is not None}
+    checks = {"tokenizer": state.model is not None}
     try:
         checks["redis"] = bool(state.redis.ping())
     except redis.RedisError:
