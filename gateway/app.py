@@ -20,9 +20,12 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gateway.deps import GatewayState
 from gateway.metrics import RequestMetrics
-from gateway.routes import health, jobs, openai
+from gateway.routes import batches, files, health, jobs, openai
+from infra.batches import BatchStore
+from infra.files import FileStore
 from infra.jobstore import JobStore
 from infra.settings import Settings, get_settings
+from infra.storage import make_storage
 from infra.submission import ModelInfo
 from worker.models.registry import model_folder
 
@@ -36,6 +39,8 @@ def load_state(settings: Settings) -> GatewayState:
     state = GatewayState(
         settings, client, JobStore(client), None, settings.model,
         aredis=redis.asyncio.Redis.from_url(settings.redis_url),
+        files=FileStore(client, make_storage(settings)),
+        batches=BatchStore(client),
     )  # fmt: skip
     try:
         state.model = ModelInfo.load(settings.model)
@@ -73,7 +78,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lifespan=lifespan,
     )
     app.add_middleware(RequestMetrics)
-    for module in (jobs, openai, health):
+    for module in (jobs, openai, files, batches, health):
         app.include_router(module.router)
 
     @app.exception_handler(StarletteHTTPException)

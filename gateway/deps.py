@@ -9,6 +9,8 @@ import redis
 import redis.asyncio as aredis
 from fastapi import Depends, HTTPException, Request
 
+from infra.batches import BatchStore
+from infra.files import FileStore
 from infra.jobstore import JobStore
 from infra.protocol import Keys
 from infra.settings import Settings
@@ -23,6 +25,8 @@ class GatewayState:
     model: ModelInfo | None
     model_name: str
     aredis: aredis.Redis
+    files: FileStore
+    batches: BatchStore
     load_error: str | None = None
 
     def __post_init__(self) -> None:

@@ -66,8 +66,8 @@ class LocalFleet:
             self._spawn(f"worker-{i}", [py, "-m", "infra.cli", "worker", *self._engine_argv()], env)
         self._spawn(
             "webhooks",
-            [py, "-m", "celery", "-A", "infra.webhooks:celery_app", "worker", "--pool=solo",
-             "-Q", "tide.webhooks", "--loglevel=WARNING", "--without-heartbeat",
+            [py, "-m", "celery", "-A", "infra.celery_app:celery_app", "worker", "--pool=solo",
+             "-Q", "tide.webhooks,tide.batches", "--loglevel=WARNING", "--without-heartbeat",
              "--without-gossip", "--without-mingle"],
             env,
         )  # fmt: skip

@@ -82,6 +82,28 @@ class Keys:
     def worker(worker_id: str) -> str:
         return f"tide:worker:{worker_id}"
 
+    @staticmethod
+    def file(file_id: str) -> str:
+        return f"tide:file:{file_id}"
+
+    @staticmethod
+    def tenant_files(tenant: str) -> str:
+        return f"tide:tenant:{tenant}:files"  # zset file_id -> created_at
+
+    @staticmethod
+    def batch(batch_id: str) -> str:
+        return f"tide:batch:{batch_id}"
+
+    @staticmethod
+    def batch_lines(batch_id: str) -> str:
+        """Hash: input line number -> job id, or 'error:<message>' for a refused line."""
+        return f"tide:batch:{batch_id}:lines"
+
+    @staticmethod
+    def tenant_batches(tenant: str) -> str:
+        return f"tide:tenant:{tenant}:batches"  # zset batch_id -> created_at
+
+    active_batches = "tide:batches:active"  # set of batches the supervisor follows
     leases = "tide:leases"  # zset job_id -> lease expiry (unix seconds)
     workers = "tide:workers"  # zset worker_id -> last heartbeat
     wakeup = "tide:wakeup"  # pub/sub: each new job's queue name, so idle workers wake at once

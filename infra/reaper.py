@@ -1,12 +1,14 @@
 """The lease reaper: re-queues in-progress jobs whose worker stopped refreshing its lease.
 
-A small loop; ``tide up`` runs it, and the controller will host it.
+A small loop; ``tide up`` runs it, and the controller will host it. It also runs the
+batch supervisor (``infra.batches.supervise_batches``) every ``batch_poll_interval``.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 
 import redis
 
@@ -33,8 +35,14 @@ def reap_once(store: JobStore, settings: Settings) -> dict[str, str]:
 def run_reaper(settings: Settings, stop: threading.Event) -> None:
     assert settings.redis_url, "the reaper needs REDIS_URL"
     store = JobStore(redis.Redis.from_url(settings.redis_url))
+    next_batches = 0.0
     while not stop.wait(settings.reaper_interval):
         try:
             reap_once(store, settings)
+            if time.monotonic() >= next_batches:
+                from infra.batches import supervise_batches
+
+                next_batches = time.monotonic() + settings.batch_poll_interval
+                supervise_batches()
         except redis.RedisError as e:
             log.warning("reaper: Redis unavailable (%s); retrying", e)

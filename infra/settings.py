@@ -47,6 +47,15 @@ class Settings(BaseSettings):
     max_requests_per_second_per_tenant: int = 1_000
     max_queue_length: int = 100_000  # per bucket queue
 
+    # Files and batches.
+    storage_url: str = Field(
+        "", description="'' = a local folder under data_dir; s3://bucket/prefix for S3"
+    )
+    s3_endpoint_url: str | None = Field(None, description="S3-compatible endpoint (MinIO, moto)")
+    file_max_bytes: int = 200 * 1024 * 1024
+    file_max_lines: int = 50_000
+    batch_poll_interval: float = 1.0
+
     # Reliability.
     lease_seconds: float = 5.0
     max_attempts: int = 3

@@ -15,16 +15,14 @@ from urllib.parse import urlsplit
 
 import httpx
 import redis
-from celery import Celery
 from standardwebhooks import Webhook
 
+from infra.celery_app import WEBHOOK_QUEUE, celery_app
 from infra.protocol import Keys
 from infra.schemas import job_public
 from infra.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
-
-WEBHOOK_QUEUE = "tide.webhooks"
 
 
 class UnsafeWebhookTarget(ValueError):
@@ -56,23 +54,6 @@ def check_target(url: str, allow_hosts: list[str]) -> None:
 
 def secret_for(settings: Settings, tenant: str) -> str:
     return settings.webhook_secrets.get(tenant) or settings.webhook_secrets["*"]
-
-
-def make_celery(settings: Settings) -> Celery:
-    app = Celery("tide", broker=settings.redis_url, include=["infra.webhooks"])
-    app.conf.update(
-        task_acks_late=True,
-        task_reject_on_worker_lost=True,
-        task_default_queue=WEBHOOK_QUEUE,
-        worker_prefetch_multiplier=1,
-        broker_transport_options={"visibility_timeout": 900},
-        broker_connection_retry_on_startup=True,
-        task_ignore_result=True,
-    )
-    return app
-
-
-celery_app = make_celery(get_settings())
 
 
 def event_id(job_id: str, status: str) -> str:

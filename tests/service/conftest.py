@@ -52,6 +52,8 @@ class Fleet:
             "TIDE_LEASE_SECONDS": "2",
             "TIDE_REAPER_INTERVAL": "0.3",
             "TIDE_DRAIN_TIMEOUT": "30",
+            "TIDE_DATA_DIR": str(self.tmp / "data"),
+            "TIDE_BATCH_POLL_INTERVAL": "0.3",
             "OMP_NUM_THREADS": "1",
         }
         py = sys.executable
@@ -59,8 +61,8 @@ class Fleet:
                                "--log-level", "warning"])  # fmt: skip
         for i in range(2):
             self.spawn_worker(f"worker-{i}")
-        celery = [py, "-m", "celery", "-A", "infra.webhooks:celery_app", "worker", "--pool=solo",
-                  "-Q", "tide.webhooks", "--loglevel=WARNING", "--without-heartbeat",
+        celery = [py, "-m", "celery", "-A", "infra.celery_app:celery_app", "worker", "--pool=solo",
+                  "-Q", "tide.webhooks,tide.batches", "--loglevel=WARNING", "--without-heartbeat",
                   "--without-gossip", "--without-mingle"]  # fmt: skip
         self.spawn("webhooks", celery)
         self.spawn("reaper", [py, "-m", "infra.cli", "reaper"])
@@ -103,7 +105,7 @@ class Fleet:
         self.redis.stop()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def fleet_model(tiny_path) -> Path:
     """stories260K when ../shared has it (real text), else dummy:tiny."""
     from tests.conftest import STORIES
@@ -111,7 +113,7 @@ def fleet_model(tiny_path) -> Path:
     return STORIES if (STORIES / "model.safetensors").is_file() else tiny_path
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def fleet(tmp_path_factory, fleet_model) -> Iterator[Fleet]:
     f = Fleet(tmp_path_factory.mktemp("fleet"), fleet_model)
     try:

@@ -1,0 +1,95 @@
+"""OpenAI-compatible Batches API: create, get, list (paginated), cancel."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, HTTPException, Query
+from pydantic import BaseModel, ConfigDict, Field
+
+from gateway.deps import StateDep, TenantDep
+from gateway.routes.jobs import ERRORS
+from infra.batches import new_batch_id, parse_window, public_batch, validate_batch
+
+router = APIRouter(prefix="/v1/batches", tags=["batches"])
+
+
+class BatchCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    input_file_id: str = Field(..., min_length=1)
+    endpoint: Literal["/v1/completions", "/v1/chat/completions"]
+    completion_window: str = Field("24h", description="'24h', or any N s|m|h")
+    metadata: dict[str, str] | None = Field(None, max_length=16)
+
+
+@router.post("", responses=ERRORS)
+async def create_batch(body: BatchCreate, state: StateDep, tenant: TenantDep) -> dict[str, Any]:
+    try:
+        window = parse_window(body.completion_window)
+    except ValueError as e:
+        raise HTTPException(400, detail=str(e)) from None
+    file = await asyncio.to_thread(state.files.get, body.input_file_id, tenant)
+    if file is None:
+        raise HTTPException(400, detail=f"input_file_id: file {body.input_file_id!r} not found")
+    if file["purpose"] != "batch":
+        raise HTTPException(400, detail="input_file_id: the file's purpose must be 'batch'")
+    now = time.time()
+    record = {
+        "id": new_batch_id(),
+        "tenant": tenant,
+        "endpoint": body.endpoint,
+        "input_file_id": body.input_file_id,
+        "completion_window": body.completion_window,
+        "status": "validating",
+        "created_at": now,
+        "expires_at": now + window,
+        "metadata": body.metadata,
+        "total": "",
+        "completed": 0,
+        "failed": 0,
+    }
+    await asyncio.to_thread(state.batches.create, record)
+    await asyncio.to_thread(validate_batch.delay, record["id"])
+    return public_batch(await _owned(state, tenant, record["id"]))
+
+
+async def _owned(state: StateDep, tenant: str, batch_id: str) -> dict[str, str]:
+    record = await asyncio.to_thread(state.batches.get, batch_id, tenant)
+    if record is None:
+        raise HTTPException(404, detail=f"batch {batch_id!r} not found")
+    return record
+
+
+@router.get("/{batch_id}", responses=ERRORS)
+async def get_batch(batch_id: str, state: StateDep, tenant: TenantDep) -> dict[str, Any]:
+    return public_batch(await _owned(state, tenant, batch_id))
+
+
+@router.get("", responses=ERRORS)
+async def list_batches(
+    state: StateDep,
+    tenant: TenantDep,
+    after: str | None = None,
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+) -> dict[str, Any]:
+    records, has_more = await asyncio.to_thread(state.batches.list, tenant, after, limit)
+    data = [public_batch(r) for r in records]
+    return {
+        "object": "list",
+        "data": data,
+        "first_id": data[0]["id"] if data else None,
+        "last_id": data[-1]["id"] if data else None,
+        "has_more": has_more,
+    }
+
+
+@router.post("/{batch_id}/cancel", responses=ERRORS)
+async def cancel_batch(batch_id: str, state: StateDep, tenant: TenantDep) -> dict[str, Any]:
+    await _owned(state, tenant, batch_id)
+    await asyncio.to_thread(
+        state.batches.transition, batch_id, ["validating", "in_progress"],
+        status="cancelling", cancelling_at=time.time(),
+    )  # fmt: skip
+    return public_batch(await _owned(state, tenant, batch_id))
