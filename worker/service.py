@@ -32,6 +32,7 @@ from worker.engine import Priority as EnginePriority
 log = logging.getLogger(__name__)
 
 LEASE_REFRESH_SECONDS = 0.5  # also how fast a cancel reaches a running job
+BATCH_EVERY = 8  # at most this many interactive jobs taken in a row while batch work waits
 IDLE_WAIT_SECONDS = 0.02  # the longest an idle worker waits before polling again
 FINISH_STATUS = {"stop": JobStatus.COMPLETED, "length": JobStatus.COMPLETED}
 
@@ -78,6 +79,7 @@ class WorkerService:
         self._next_heartbeat = 0.0
         self._last_tokens = (time.monotonic(), 0)
         self.wakeups = self._subscribe()
+        self._interactive_streak = 0
 
     def _subscribe(self) -> redis.client.PubSub:
         pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
@@ -153,10 +155,17 @@ class WorkerService:
     # -- taking work -------------------------------------------------------------------
 
     def _poll(self) -> tuple[kombu.Message, JobMessage] | None:
-        for queue in self.queues:
+        # Interactive before batch, but batch work ages: after BATCH_EVERY interactive
+        # takes in a row, batch queues go first once, so they are never starved.
+        order = self.queues
+        if self._interactive_streak >= BATCH_EVERY:
+            order = sorted(self.queues, key=lambda q: not q.name.endswith(".batch"))
+        for queue in order:
             message = queue.get(no_ack=False)
             if message is None:
                 continue
+            is_batch = queue.name.endswith(".batch")
+            self._interactive_streak = 0 if is_batch else self._interactive_streak + 1
             try:
                 return message, JobMessage.loads(message.payload)
             except (ValueError, TypeError) as e:

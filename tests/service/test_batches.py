@@ -141,3 +141,27 @@ def test_files_api_limits_and_isolation(client, fleet):
     assert client.files.delete(f.id).deleted
     with pytest.raises(Exception, match=r"404|not found"):
         client.files.retrieve(f.id)
+
+
+def test_worker_kill_9_mid_batch_loses_and_duplicates_nothing(client, fleet, fleet_redis):
+    from tests.service.test_fleet import _held_by, _wait_worker
+
+    victim = fleet.spawn_worker("batch-victim")
+    _wait_worker(fleet_redis, victim.pid)
+    body = {"prompt": "The little dog", "max_tokens": 300, "temperature": 0, "ignore_eos": True}
+    content = "\n".join(line(f"k-{i}", body) for i in range(24)).encode()
+    f = client.files.create(file=("kill.jsonl", content), purpose="batch")
+    batch = client.batches.create(
+        input_file_id=f.id, endpoint="/v1/completions", completion_window="24h"
+    )
+    deadline = time.monotonic() + 60
+    while not _held_by(fleet_redis, victim.pid) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert _held_by(fleet_redis, victim.pid), "the victim never took a job"
+    victim.kill()
+    victim.wait()
+    done = wait_batch(client, batch.id)
+    assert done.status == "completed" and done.request_counts.completed == 24
+    output = [json.loads(x) for x in client.files.content(done.output_file_id).text.splitlines()]
+    assert [o["custom_id"] for o in output] == [f"k-{i}" for i in range(24)]
+    assert all(o["response"]["body"]["usage"]["completion_tokens"] == 300 for o in output)
