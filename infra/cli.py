@@ -92,6 +92,10 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("job_id")
     _client_flags(st)
     st.set_defaults(func=cmd_status)
+
+    from infra.batch_cli import add_parser as add_batch_parser
+
+    add_batch_parser(sub)
     return parser
 
 

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
 
 import pytest
 from openai import OpenAI
 
-from tests.conftest import make_engine
+from tests.conftest import ROOT, make_engine
 from worker.engine import SamplingParams
 
 pytestmark = pytest.mark.slow
@@ -165,3 +168,25 @@ def test_worker_kill_9_mid_batch_loses_and_duplicates_nothing(client, fleet, fle
     output = [json.loads(x) for x in client.files.content(done.output_file_id).text.splitlines()]
     assert [o["custom_id"] for o in output] == [f"k-{i}" for i in range(24)]
     assert all(o["response"]["body"]["usage"]["completion_tokens"] == 300 for o in output)
+
+
+def test_tide_batch_run_through_the_fleet_equals_offline(fleet, fleet_model, tmp_path):
+    requests = [
+        {"prompt": PROMPTS[i % 4], "max_tokens": 6 + i, "temperature": 0} for i in range(12)
+    ]
+    src = tmp_path / "in.jsonl"
+    src.write_text("\n".join(line(f"t-{i}", r) for i, r in enumerate(requests)) + "\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    tide = [sys.executable, "-m", "infra.cli", "batch", "run", str(src)]
+    via_fleet = ["-o", str(tmp_path / "fleet.jsonl"), "--url", fleet.url, "--api-key", "key-a"]
+    offline = ["-o", str(tmp_path / "offline.jsonl"), "--offline", "--model", str(fleet_model),
+               "--dtype", "float32"]  # fmt: skip
+    for extra in (via_fleet, offline):
+        subprocess.run([*tide, *extra], cwd=ROOT, env=env, check=True, timeout=300)
+
+    def texts(name: str) -> list[tuple[str, str]]:
+        rows = [json.loads(x) for x in (tmp_path / name).read_text().splitlines()]
+        return [(r["custom_id"], r["response"]["body"]["choices"][0]["text"]) for r in rows]
+
+    assert texts("fleet.jsonl") == texts("offline.jsonl")
+    assert [c for c, _ in texts("fleet.jsonl")] == [f"t-{i}" for i in range(12)]
