@@ -16,7 +16,6 @@ import httpx
 from pydantic import ValidationError
 from rich.progress import Progress
 
-from infra.batches import ENDPOINTS
 from infra.openai_format import chat_body, completion_body
 from infra.schemas import ChatCompletionCreate
 from infra.submission import ModelInfo, SubmissionError, token_ids
@@ -63,6 +62,7 @@ def _fleet_flags(p: argparse.ArgumentParser) -> None:
 
 
 def run_offline(input_path: Path, output: Path, model: str, dtype: str | None) -> dict[str, int]:
+    from infra.batches import ENDPOINTS
     from worker.engine import LLMEngine, SamplingParams
     from worker.models.dummy import resolve_model_path
 

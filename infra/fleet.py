@@ -15,7 +15,7 @@ import httpx
 
 from infra.reaper import run_reaper
 from infra.redis_server import EmbeddedRedis
-from infra.settings import Settings
+from infra.settings import Settings, get_settings
 
 
 class LocalFleet:
@@ -55,6 +55,11 @@ class LocalFleet:
             self.redis = EmbeddedRedis(data).start()
             env["REDIS_URL"] = self.redis.url
             settings = Settings(redis_url=self.redis.url, model=model)
+        # The reaper and batch supervisor run in this process and read the same settings.
+        os.environ.update({k: env[k] for k in ("REDIS_URL", "TIDE_MODEL") if k in env})
+        get_settings.cache_clear()
+        if "infra.celery_app" in sys.modules:  # imported before REDIS_URL was known
+            sys.modules["infra.celery_app"].celery_app.conf.broker_url = settings.redis_url
         py = sys.executable
         self._spawn(
             "gateway",

@@ -46,3 +46,5 @@ def run_reaper(settings: Settings, stop: threading.Event) -> None:
                 supervise_batches()
         except redis.RedisError as e:
             log.warning("reaper: Redis unavailable (%s); retrying", e)
+        except Exception:  # the loop must outlive any one bad record
+            log.exception("reaper: pass failed; retrying")
