@@ -75,8 +75,7 @@ def main() -> None:
     make_input(src, args.lines, args.seed)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "TIDE_DATA_DIR": str(tmp / "data"),
-           "TIDE_BATCH_POLL_INTERVAL": "0.2"}  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TIDE_DATA_DIR": str(tmp / "data")}
     env.pop("REDIS_URL", None)
     argv = [sys.executable, "-m", "infra.cli", "up", "--workers", "1", "--port", str(port)]
     up = subprocess.Popen(

@@ -44,7 +44,8 @@ class HeldJob:
     tenant: str
     message: kombu.Message
     has_webhook: bool
-    first_token_written: bool = False
+    streams: bool = True  # batch jobs publish no per-step deltas: nobody follows them live
+    first_token_at: float | None = None
     completion_tokens: int = 0
     text_parts: list[str] = field(default_factory=list)
 
@@ -206,8 +207,9 @@ class WorkerService:
             return
         record = self.store.get(job.job_id) or {}
         held = HeldJob(
-            job.job_id, token, record.get("tenant", ""), message, bool(record.get("webhook_url"))
-        )
+            job.job_id, token, record.get("tenant", ""), message, bool(record.get("webhook_url")),
+            streams=record.get("priority") != Priority.BATCH,
+        )  # fmt: skip
         self.held[job.job_id] = held
         try:
             params = SamplingParams(**_sampling(record))
@@ -230,14 +232,15 @@ class WorkerService:
             if held is None:
                 continue
             held.completion_tokens += len(out.new_token_ids)
-            if out.delta_text or out.new_token_ids:
+            if held.streams and (out.delta_text or out.new_token_ids):
                 pipe.xadd(
                     Keys.events(out.request_id),
                     {"type": "delta", "text": out.delta_text, "n": len(out.new_token_ids)},
                 )
-            if not held.first_token_written and out.new_token_ids:
-                held.first_token_written = True
-                self.store.update(held.job_id, held.token, first_token_at=now)
+            if held.first_token_at is None and out.new_token_ids:
+                held.first_token_at = now
+                if held.streams:  # visible while it runs; batch jobs write it when they finish
+                    self.store.update(held.job_id, held.token, first_token_at=now)
         pipe.execute()
         for out in outputs:
             held = self.held.get(out.request_id)
@@ -258,6 +261,8 @@ class WorkerService:
         error: str | None = None,
     ) -> None:
         fields: dict[str, Any] = {"finished_at": time.time()}
+        if held.first_token_at is not None:
+            fields["first_token_at"] = held.first_token_at
         if out is not None:
             fields |= {
                 "text": out.text,
