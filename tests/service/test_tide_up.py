@@ -28,6 +28,7 @@ def test_tide_up_serves_jobs_and_batches_then_stops_cleanly(tmp_path, tiny_path)
     up = subprocess.Popen([*argv, "--model", str(tiny_path)], cwd=ROOT, env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
     url = f"http://127.0.0.1:{port}"
+    out = b""
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
@@ -55,11 +56,15 @@ def test_tide_up_serves_jobs_and_batches_then_stops_cleanly(tmp_path, tiny_path)
             input_file_id=f.id, endpoint="/v1/completions", completion_window="24h"
         )
         while (batch := client.batches.retrieve(batch.id)).status not in ("completed", "failed"):
-            assert time.monotonic() < deadline + 60, batch
+            assert time.monotonic() < deadline + 180, batch
             time.sleep(0.1)
         assert batch.status == "completed" and batch.request_counts.completed == 1
-    finally:
+    except BaseException:
         up.send_signal(signal.SIGINT)
         out, _ = up.communicate(timeout=120)
+        print(out.decode()[-4000:])  # shown by pytest on failure
+        raise
+    up.send_signal(signal.SIGINT)
+    out, _ = up.communicate(timeout=120)
     assert up.returncode == 0, out.decode()[-2000:]
     assert b"Tide is up" in out
