@@ -81,7 +81,7 @@ class LocalFleet:
         signal.signal(signal.SIGTERM, lambda *_: self.stop.set())
         url = f"http://{a.host}:{a.port}"
         try:
-            self._wait_ready(url)
+            wait_ready(url, stop=self.stop)
             self._banner(url, settings, model)
             while not self.stop.is_set():
                 for name, proc in self.procs:
@@ -96,17 +96,6 @@ class LocalFleet:
         finally:
             self.shutdown()
         return 0
-
-    def _wait_ready(self, url: str, timeout: float = 120.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and not self.stop.is_set():
-            try:
-                if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        raise RuntimeError(f"the gateway at {url} did not become ready")
 
     def _banner(self, url: str, settings: Settings, model: str) -> None:
         lines = [
@@ -132,3 +121,16 @@ class LocalFleet:
                 proc.kill()
         if self.redis is not None:
             self.redis.stop()
+
+
+def wait_ready(url: str, timeout: float = 120.0, stop: threading.Event | None = None) -> None:
+    """Block until the gateway at url answers /readyz with 200 (Redis and tokenizer ready)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and not (stop and stop.is_set()):
+        try:
+            if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"the gateway at {url} did not become ready")

@@ -22,12 +22,11 @@ import tempfile
 import time
 from pathlib import Path
 
-import httpx
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from infra.batch_cli import run_fleet, run_offline  # noqa: E402
+from infra.fleet import wait_ready  # noqa: E402
 from infra.redis_server import free_port  # noqa: E402
 
 STORIES = ROOT.parent / "shared/models/stories260K"
@@ -83,13 +82,7 @@ def main() -> None:
         env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     try:
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.3)
+        wait_ready(url, timeout=180)
         time.sleep(3)  # the worker loads its engine after the gateway is ready
         t0 = time.perf_counter()
         run_fleet(src, tmp / "fleet.jsonl", url, None)

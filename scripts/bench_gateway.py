@@ -32,6 +32,7 @@ import redis
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from infra.fleet import wait_ready  # noqa: E402
 from infra.redis_server import EmbeddedRedis, free_port  # noqa: E402
 
 STORIES = ROOT.parent / "shared/models/stories260K"
@@ -108,18 +109,6 @@ def pickup(url: str, r: redis.Redis, n: int) -> dict:
     }
 
 
-def wait_http(url: str, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise RuntimeError("gateway did not start")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawTextHelpFormatter
@@ -152,7 +141,7 @@ def main() -> None:
     procs = [subprocess.Popen(gateway, env=env, cwd=ROOT)]
     results: dict = {"model": args.model}
     try:
-        wait_http(url)
+        wait_ready(url)
         warmup = int(args.rate * args.warmup_seconds)
         load = asyncio.run(open_loop(url, args.rate, args.requests, args.concurrency, warmup))
         results["load"] = load

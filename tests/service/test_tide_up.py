@@ -13,6 +13,7 @@ import httpx
 import pytest
 from openai import OpenAI
 
+from infra.fleet import wait_ready
 from infra.redis_server import free_port
 from tests.conftest import ROOT
 
@@ -30,13 +31,8 @@ def test_tide_up_serves_jobs_and_batches_then_stops_cleanly(tmp_path, tiny_path)
     url = f"http://127.0.0.1:{port}"
     out = b""
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.2)
+        wait_ready(url, timeout=120)
+        deadline = time.monotonic()
         job = httpx.post(f"{url}/v1/jobs", json={"prompt": "hi", "max_tokens": 5}).json()
         while (got := httpx.get(f"{url}/v1/jobs/{job['id']}").json())["status"] in (
             "queued",
