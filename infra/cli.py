@@ -50,6 +50,10 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--max-num-seqs", type=int, default=64)
     gen.add_argument("--max-num-batched-tokens", type=int, default=1024)
     gen.add_argument("--no-prefix-caching", action="store_true")
+    gen.add_argument(
+        "--attention-backend", choices=["auto", "torch", "triton"], default="auto",
+        help="auto: Triton on CUDA, the torch reference elsewhere",
+    )  # fmt: skip
     gen.add_argument("--json", action="store_true", help="one JSON object per prompt on stdout")
     gen.set_defaults(func=cmd_generate)
 
@@ -105,6 +109,7 @@ def _engine_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-cache-memory", type=int, default=None, help="KV pool size in bytes")
     p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument("--max-num-batched-tokens", type=int, default=1024)
+    p.add_argument("--attention-backend", choices=["auto", "torch", "triton"], default="auto")
 
 
 def _client_flags(p: argparse.ArgumentParser) -> None:
@@ -148,6 +153,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
             max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens,
             enable_prefix_caching=not args.no_prefix_caching,
+            attention_backend=args.attention_backend,
         )
     except (ModelLoadError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -206,6 +212,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         kv_cache_memory=args.kv_cache_memory,
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
+        attention_backend=args.attention_backend,
     )
     buckets = [b.strip() for b in args.buckets.split(",") if b.strip()]
     service = WorkerService(engine, settings, args.pool, buckets)

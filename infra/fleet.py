@@ -32,6 +32,7 @@ class LocalFleet:
         a = self.args
         argv = ["--device", a.device, "--max-num-seqs", str(a.max_num_seqs)]
         argv += ["--max-num-batched-tokens", str(a.max_num_batched_tokens)]
+        argv += ["--attention-backend", a.attention_backend]
         if a.dtype:
             argv += ["--dtype", a.dtype]
         if a.kv_cache_memory:

@@ -1,5 +1,10 @@
 """Attention and KV-cache kernels: a torch reference; Triton for CUDA behind the same signatures."""
 
-from kernels.attention import AttentionMetadata, paged_attention, write_kv_cache
+from kernels.attention import (
+    AttentionMetadata,
+    paged_attention,
+    set_attention_backend,
+    write_kv_cache,
+)
 
-__all__ = ["AttentionMetadata", "paged_attention", "write_kv_cache"]
+__all__ = ["AttentionMetadata", "paged_attention", "set_attention_backend", "write_kv_cache"]

@@ -26,6 +26,8 @@ class DecodeGroup:
     rows: slice
     block_tables: torch.Tensor  # [n, max_blocks] int64, padded with block 0
     mask: torch.Tensor  # [1, n, 1, max_blocks * block_size] bool: key is visible
+    context_lens: torch.Tensor  # [n] int32 (the Triton kernel reads these, not the mask)
+    max_context: int
 
 
 @dataclass
@@ -45,6 +47,27 @@ class AttentionMetadata:
     prefills: list[PrefillChunk] = field(default_factory=list)
 
 
+BACKENDS = ("auto", "torch", "triton")
+_backend = "auto"
+
+
+def set_attention_backend(name: str) -> None:
+    """auto: Triton on CUDA tensors, the torch reference elsewhere; torch|triton force one.
+
+    Forcing triton on CPU needs TRITON_INTERPRET=1 (tests and debugging).
+    """
+    global _backend
+    if name not in BACKENDS:
+        raise ValueError(f"attention backend must be one of {', '.join(BACKENDS)}, got {name!r}")
+    if name == "triton":
+        import kernels.triton_attention  # noqa: F401 - fail now if Triton is missing
+    _backend = name
+
+
+def _use_triton(t: torch.Tensor) -> bool:
+    return _backend == "triton" or (_backend == "auto" and t.is_cuda)
+
+
 def write_kv_cache(
     key: torch.Tensor,
     value: torch.Tensor,
@@ -53,6 +76,11 @@ def write_kv_cache(
     slot_mapping: torch.Tensor,
 ) -> None:
     """Scatter the step's new K and V ([T, kv_heads, head_dim]) into their cache slots."""
+    if _use_triton(key):
+        from kernels import triton_attention
+
+        triton_attention.write_kv_cache(key, value, k_cache, v_cache, slot_mapping)
+        return
     num_kv_heads, head_dim = k_cache.shape[0], k_cache.shape[3]
     k_cache.view(num_kv_heads, -1, head_dim).index_copy_(1, slot_mapping, key.transpose(0, 1))
     v_cache.view(num_kv_heads, -1, head_dim).index_copy_(1, slot_mapping, value.transpose(0, 1))
@@ -72,11 +100,34 @@ def paged_attention(
     key/value are this step's new K/V (already written to the cache); a prefill chunk
     with no cached prefix attends to them directly and skips the gather.
     """
+    if _use_triton(query):
+        return _triton_attention(query, k_cache, v_cache, meta, scale)
     out = torch.empty_like(query)
     for group in meta.decode_groups:
         out[group.rows] = _decode_attention(query[group.rows], k_cache, v_cache, group, scale)
     for chunk in meta.prefills:
         out[chunk.rows] = _prefill_attention(query, key, value, k_cache, v_cache, chunk, scale)
+    return out
+
+
+def _triton_attention(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:
+    from kernels import triton_attention as tk
+
+    out = torch.empty_like(query)
+    for g in meta.decode_groups:
+        out[g.rows] = tk.decode_attention(
+            query[g.rows], k_cache, v_cache, g.block_tables, g.context_lens, scale, g.max_context
+        )
+    for chunk in meta.prefills:
+        out[chunk.rows] = tk.prefill_attention(
+            query[chunk.rows], k_cache, v_cache, chunk.block_table, chunk.start_pos, scale
+        )
     return out
 
 

@@ -14,6 +14,11 @@ from infra.redis_server import EmbeddedRedis
 
 ROOT = Path(__file__).resolve().parents[1]
 
+# Triton kernels run in Triton's interpreter on machines without a GPU; the variable must
+# be set before the kernels module is imported (its decorators read it).
+if not Path("/dev/nvidia0").exists():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 
 def _find_stories() -> Path:
     """The shared fixture model: $TIDE_STORIES_PATH, ../shared beside the checkout, /work/shared."""

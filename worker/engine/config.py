@@ -22,6 +22,7 @@ class EngineConfig:
     kv_cache_fraction: float = 0.5
     num_kv_blocks: int | None = None
     enable_prefix_caching: bool = True
+    attention_backend: str = "auto"  # auto (Triton on CUDA) | torch | triton
 
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
@@ -36,5 +37,9 @@ class EngineConfig:
             raise ValueError(f"kv_cache_memory must be positive bytes, got {self.kv_cache_memory}")
         if not 0.0 < self.kv_cache_fraction <= 1.0:
             raise ValueError(f"kv_cache_fraction must be in (0, 1], got {self.kv_cache_fraction}")
+        if self.attention_backend not in ("auto", "torch", "triton"):
+            raise ValueError(
+                f"attention_backend must be auto, torch or triton, got {self.attention_backend!r}"
+            )
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ValueError(f"num_kv_blocks must be at least 1, got {self.num_kv_blocks}")

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from kernels import AttentionMetadata
-from kernels.attention import DecodeGroup, PrefillChunk
+from kernels.attention import DecodeGroup, PrefillChunk, set_attention_backend
 from worker.engine.config import EngineConfig
 from worker.engine.scheduler import ScheduledRequest, SchedulerOutput
 from worker.models.llama import LlamaModel
@@ -47,6 +47,15 @@ class ModelRunner:
         self.device = model.device
         cfg = model.config
         self.block_bytes = cfg.kv_bytes_per_token(model.dtype.itemsize) * self.block_size
+        set_attention_backend(config.attention_backend)
+        triton = config.attention_backend == "triton" or (
+            config.attention_backend == "auto" and self.device.type == "cuda"
+        )
+        if triton and (self.block_size < 16 or model.config.head_dim < 16):
+            raise ValueError(
+                f"the Triton attention kernels need block_size >= 16 and head_dim >= 16, "
+                f"got block_size {self.block_size}, head_dim {model.config.head_dim}"
+            )
         self.num_blocks = self._plan_num_blocks(max_model_len)
         shape = (cfg.num_kv_heads, self.num_blocks, self.block_size, cfg.head_dim)
         self.kv_caches = [
@@ -176,13 +185,15 @@ def _decode_groups(
             continue
         rows, width = decodes[start:i], lengths[i - 1]
         tables = [s.block_table[:width] + [0] * (width - len(s.block_table)) for s in rows]
-        context = torch.tensor([s.context_len for s in rows], device=device)
+        context = torch.tensor([s.context_len for s in rows], dtype=torch.int32, device=device)
         mask = torch.arange(width * block_size, device=device).unsqueeze(0) < context.unsqueeze(1)
         groups.append(
             DecodeGroup(
                 rows=slice(start, i),
                 block_tables=torch.tensor(tables, dtype=torch.long, device=device),
                 mask=mask[None, :, None, :],
+                context_lens=context,
+                max_context=rows[-1].context_len,
             )
         )
         start = i
