@@ -457,6 +457,10 @@ def finalize_batch(batch_id: str) -> str:
     fields |= {"status": final, f"{final}_at": now}
     if final != "completed":
         fields["completed_at"] = ""
-    batches.transition(batch_id, ["finalizing"], **fields)
+    won = batches.transition(batch_id, ["finalizing"], **fields)
     client.srem(Keys.active_batches, batch_id)
+    if won and batch.get("webhook_url"):
+        from infra.webhooks import enqueue_webhook
+
+        enqueue_webhook(batch_id, final, kind="batch")
     return final

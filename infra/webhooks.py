@@ -56,20 +56,32 @@ def secret_for(settings: Settings, tenant: str) -> str:
     return settings.webhook_secrets.get(tenant) or settings.webhook_secrets["*"]
 
 
-def event_id(job_id: str, status: str) -> str:
-    return f"msg_{job_id}_{status}"
+def event_id(obj_id: str, status: str) -> str:
+    return f"msg_{obj_id}_{status}"
+
+
+def _payload(kind: str, record: dict[str, str]) -> str:
+    if kind == "batch":
+        import json
+
+        from infra.batches import public_batch
+
+        return json.dumps(public_batch(record))
+    return job_public(record).model_dump_json()
 
 
 @celery_app.task(bind=True, name="tide.deliver_webhook", max_retries=None)
-def deliver_webhook(self, job_id: str, msg_id: str) -> str:  # type: ignore[no-untyped-def]
+def deliver_webhook(self, obj_id: str, msg_id: str, kind: str = "job") -> str:  # type: ignore[no-untyped-def]
+    """POST the job (or batch) object, signed; retried on the configured schedule."""
     settings = get_settings()
     client = redis.Redis.from_url(settings.redis_url)
-    record = {k.decode(): v.decode() for k, v in client.hgetall(Keys.job(job_id)).items()}
+    key = Keys.batch(obj_id) if kind == "batch" else Keys.job(obj_id)
+    record = {k.decode(): v.decode() for k, v in client.hgetall(key).items()}
     if not record or not record.get("webhook_url"):
         return "no-target"
     url = record["webhook_url"]
-    body = job_public(record).model_dump_json()
-    attempt = client.hincrby(Keys.job(job_id), "webhook_attempts", 1)
+    body = _payload(kind, record)
+    attempt = client.hincrby(key, "webhook_attempts", 1)
     try:
         check_target(url, settings.webhook_allow_hosts)
         signer = Webhook(secret_for(settings, record.get("tenant", "")))
@@ -83,23 +95,23 @@ def deliver_webhook(self, job_id: str, msg_id: str) -> str:  # type: ignore[no-u
         }
         response = httpx.post(url, content=body, headers=headers, timeout=settings.webhook_timeout)
         if 200 <= response.status_code < 300:
-            client.hset(Keys.job(job_id), mapping={"webhook_status": "delivered"})
+            client.hset(key, mapping={"webhook_status": "delivered"})
             return "delivered"
         reason = f"HTTP {response.status_code}"
     except UnsafeWebhookTarget as e:
-        client.hset(Keys.job(job_id), mapping={"webhook_status": f"refused: {e}"})
+        client.hset(key, mapping={"webhook_status": f"refused: {e}"})
         return "refused"
     except httpx.HTTPError as e:
         reason = f"{type(e).__name__}: {e}"
     schedule = settings.webhook_retry_schedule
     if attempt > len(schedule):
-        client.hset(Keys.job(job_id), mapping={"webhook_status": f"failed: {reason}"})
+        client.hset(key, mapping={"webhook_status": f"failed: {reason}"})
         return "failed"
-    client.hset(Keys.job(job_id), mapping={"webhook_status": f"retrying: {reason}"})
-    log.info("webhook %s for %s: %s; retry in %ss", msg_id, job_id, reason, schedule[attempt - 1])
-    raise self.retry(countdown=schedule[attempt - 1], args=(job_id, msg_id))
+    client.hset(key, mapping={"webhook_status": f"retrying: {reason}"})
+    log.info("webhook %s for %s: %s; retry in %ss", msg_id, obj_id, reason, schedule[attempt - 1])
+    raise self.retry(countdown=schedule[attempt - 1], args=(obj_id, msg_id, kind))
 
 
-def enqueue_webhook(job_id: str, status: str) -> None:
-    """Schedule delivery of a terminal-state event (a no-op task if the job has no URL)."""
-    deliver_webhook.apply_async(args=(job_id, event_id(job_id, status)), queue=WEBHOOK_QUEUE)
+def enqueue_webhook(obj_id: str, status: str, kind: str = "job") -> None:
+    """Schedule delivery of a terminal-state event (a no-op task if there is no URL)."""
+    deliver_webhook.apply_async(args=(obj_id, event_id(obj_id, status), kind), queue=WEBHOOK_QUEUE)

@@ -12,6 +12,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from gateway.deps import StateDep, TenantDep
 from gateway.routes.jobs import ERRORS
 from infra.batches import new_batch_id, parse_window, public_batch, validate_batch
+from infra.schemas import WebhookSpec
+from infra.webhooks import UnsafeWebhookTarget, check_target
 
 router = APIRouter(prefix="/v1/batches", tags=["batches"])
 
@@ -22,6 +24,7 @@ class BatchCreate(BaseModel):
     endpoint: Literal["/v1/completions", "/v1/chat/completions"]
     completion_window: str = Field("24h", description="'24h', or any N s|m|h")
     metadata: dict[str, str] | None = Field(None, max_length=16)
+    webhook: WebhookSpec | None = Field(None, description="signed POST of the batch when it ends")
 
 
 @router.post("", responses=ERRORS)
@@ -35,6 +38,12 @@ async def create_batch(body: BatchCreate, state: StateDep, tenant: TenantDep) ->
         raise HTTPException(400, detail=f"input_file_id: file {body.input_file_id!r} not found")
     if file["purpose"] != "batch":
         raise HTTPException(400, detail="input_file_id: the file's purpose must be 'batch'")
+    webhook_url = str(body.webhook.url) if body.webhook else ""
+    if webhook_url:
+        try:
+            await asyncio.to_thread(check_target, webhook_url, state.settings.webhook_allow_hosts)
+        except UnsafeWebhookTarget as e:
+            raise HTTPException(400, detail=str(e)) from None
     now = time.time()
     record = {
         "id": new_batch_id(),
@@ -46,6 +55,7 @@ async def create_batch(body: BatchCreate, state: StateDep, tenant: TenantDep) ->
         "created_at": now,
         "expires_at": now + window,
         "metadata": body.metadata,
+        "webhook_url": webhook_url,
         "total": "",
         "completed": 0,
         "failed": 0,

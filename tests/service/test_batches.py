@@ -190,3 +190,31 @@ def test_tide_batch_run_through_the_fleet_equals_offline(fleet, fleet_model, tmp
 
     assert texts("fleet.jsonl") == texts("offline.jsonl")
     assert [c for c, _ in texts("fleet.jsonl")] == [f"t-{i}" for i in range(12)]
+
+
+def test_batch_completion_webhook_is_signed(fleet):
+    import httpx
+    from standardwebhooks import Webhook
+
+    from tests.service.conftest import SECRET, Receiver, wait_for
+
+    receiver = Receiver()
+    try:
+        with httpx.Client(base_url=fleet.url, headers={"Authorization": "Bearer key-a"}) as api:
+            content = line("w", {"prompt": "Once upon a time", "max_tokens": 4}).encode()
+            f = api.post(
+                "/v1/files", files={"file": ("w.jsonl", content)}, data={"purpose": "batch"}
+            ).json()
+            body = {
+                "input_file_id": f["id"],
+                "endpoint": "/v1/completions",
+                "webhook": {"url": receiver.url},
+            }
+            batch = api.post("/v1/batches", json=body).json()
+        wait_for(lambda: receiver.calls, timeout=60)
+        headers, payload = receiver.calls[0]
+        event = Webhook(SECRET).verify(payload, headers)
+        assert event["id"] == batch["id"] and event["status"] == "completed"
+        assert headers["webhook-id"] == f"msg_{batch['id']}_completed"
+    finally:
+        receiver.close()

@@ -1,0 +1,56 @@
+"""The job record's Lua transitions: leases, stale holders, reaping and max_attempts."""
+
+from __future__ import annotations
+
+import time
+
+from infra.jobstore import JobStore, NewJob
+from infra.protocol import JobStatus, Keys
+
+
+def _create(store: JobStore, job_id: str = "job_x") -> None:
+    fields = {"id": job_id, "tenant": "t", "status": "queued", "bucket": "short",
+              "priority": "interactive", "created_at": time.time()}  # fmt: skip
+    job = NewJob(fields, "tide.short.interactive", "msg", None, 10, 10, 10, 3600)
+    keys, args = job.script_call()
+    job.result(store.create_script(keys=keys, args=args))
+
+
+def test_only_the_current_lease_holder_completes(redis_client):
+    store = JobStore(redis_client)
+    _create(store)
+    status, stale = store.acquire("job_x", "w1", lease_seconds=5)
+    assert status == "acquired"
+    assert store.reap(max_attempts=3, now=time.time() + 10) == {"job_x": "requeued"}
+    assert redis_client.lrange("tide.short.interactive", 0, -1).count(b"msg") == 2  # re-queued
+    status, fresh = store.acquire("job_x", "w2", lease_seconds=5)
+    assert status == "acquired" and fresh != stale
+    assert not store.finish("job_x", stale, "t", JobStatus.COMPLETED, text="late")
+    assert store.finish("job_x", fresh, "t", JobStatus.COMPLETED, text="on time")
+    record = store.get("job_x")
+    assert record["status"] == "completed" and record["text"] == "on time"
+    assert record["attempts"] == "2"
+    assert redis_client.get(Keys.tenant_active("t")) == b"0"
+    assert store.acquire("job_x", "w3", 5) == ("completed", "")  # a duplicate message is skipped
+
+
+def test_max_attempts_fails_the_job_with_a_reason(redis_client):
+    store = JobStore(redis_client)
+    _create(store)
+    for attempt in range(1, 4):
+        assert store.acquire("job_x", f"w{attempt}", lease_seconds=1)[0] == "acquired"
+        outcome = store.reap(max_attempts=3, now=time.time() + 5)["job_x"]
+        assert outcome == ("requeued" if attempt < 3 else "failed")
+    record = store.get("job_x")
+    assert record["status"] == "failed"
+    assert record["error"] == "worker lost the job 3 times (max_attempts 3)"
+
+
+def test_refresh_reports_cancel_requests_and_lost_leases(redis_client):
+    store = JobStore(redis_client)
+    _create(store)
+    _, token = store.acquire("job_x", "w1", lease_seconds=5)
+    assert store.refresh({"job_x": token}, 5) == {"job_x": "0"}
+    assert store.cancel("job_x", "t") == "cancelling"
+    assert store.refresh({"job_x": token}, 5) == {"job_x": "1"}
+    assert store.refresh({"job_x": "someone-else"}, 5) == {"job_x": "lost"}
