@@ -79,6 +79,28 @@ def test_triton_realistic_head_dims_and_split_context(triton_backend, head_dim):
         torch.testing.assert_close(got, ref, atol=3e-2, rtol=3e-2, msg=name)
 
 
+@pytest.mark.slow
+def test_batching_equivalence_holds_on_the_triton_path(tiny_path):
+    """The engine's batching test (chunked prefill, prefix hits, preemption) on Triton."""
+    from tests.worker.test_batching import _workload
+
+    prompts, params = _workload(0, 12)
+    config = {"num_kv_blocks": 16, "max_num_batched_tokens": 48, "max_num_seqs": 8}
+    alone = make_engine(tiny_path, attention_backend="torch", enable_prefix_caching=False)
+    expected = [
+        alone.generate([p], [sp])[0].token_ids for p, sp in zip(prompts, params, strict=True)
+    ]
+    engine = make_engine(tiny_path, attention_backend="triton", **config)
+    try:
+        got = [o.token_ids for o in engine.generate(prompts, params)]
+    finally:
+        set_attention_backend("auto")
+    assert got == expected
+    stats = engine.stats()
+    assert stats["num_preemptions"] > 0 and stats["prefix_cache_hits"] > 0
+    engine.block_manager.assert_all_free()
+
+
 def test_the_engine_gives_the_same_tokens_with_triton_forced(tiny_path):
     prompts = [[1, *range(5, 5 + n)] for n in (3, 20, 41)]
     params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)

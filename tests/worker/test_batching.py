@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 
 import pytest
+import torch
 
 from tests.conftest import make_engine
 from worker.engine import Priority, SamplingParams
@@ -135,3 +136,29 @@ def test_timings_are_ordered(tiny_path):
     out = engine.generate([[1, 2, 3]], SamplingParams(max_tokens=3, temperature=0.0))[0]
     t = out.timings
     assert t.arrival <= t.first_scheduled <= t.first_token <= t.finished
+
+
+def test_a_one_token_prefill_chunk_samples_nothing(tiny_path):
+    # Regression: a budget that cuts a prefill to one token made that row look like a
+    # decode, and a token was sampled before the prompt was done.
+    from worker.engine.model_runner import build_step_inputs
+    from worker.engine.scheduler import ScheduledRequest
+
+    rows = [
+        ScheduledRequest("decode", [7], 20, [0, 1], True),
+        ScheduledRequest("cut-prefill", [9], 30, [2, 3], False),
+    ]
+    step = build_step_inputs(rows, 16, torch.device("cpu"))
+    assert step.sampled_ids == ["decode"] and step.logits_rows.tolist() == [0]
+
+
+def test_heavy_preemption_with_one_token_chunks_changes_nothing(tiny_path):
+    prompts, params = _workload(0, 12)
+    alone = make_engine(tiny_path, enable_prefix_caching=False)
+    expected = [
+        alone.generate([p], [sp])[0].token_ids for p, sp in zip(prompts, params, strict=True)
+    ]
+    engine = make_engine(tiny_path, num_kv_blocks=16, max_num_batched_tokens=48, max_num_seqs=8)
+    assert [o.token_ids for o in engine.generate(prompts, params)] == expected
+    assert engine.stats()["num_preemptions"] > 0
+    engine.block_manager.assert_all_free()

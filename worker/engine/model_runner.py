@@ -153,8 +153,10 @@ def build_step_inputs(
         slot_mapping=torch.tensor(slots, dtype=torch.long, device=device), block_size=bs
     )
     meta.decode_groups = _decode_groups(decodes, bs, device)
-    logits_rows = list(range(len(decodes)))
-    sampled_ids = [s.request_id for s in decodes]
+    # A one-token row is not always a decode: a prefill chunk cut to one token by the
+    # step budget has no next token to sample yet.
+    logits_rows = [i for i, s in enumerate(decodes) if s.sample]
+    sampled_ids = [s.request_id for s in decodes if s.sample]
     row = len(decodes)
     for s in prefills:
         num_blocks = -(-s.context_len // bs)
