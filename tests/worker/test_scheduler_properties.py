@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from worker.engine.block_manager import BlockManager
 from worker.engine.config import EngineConfig
+from worker.engine.model_runner import build_step_inputs
 from worker.engine.request import Request
 from worker.engine.sampling_params import Priority, SamplingParams
 from worker.engine.scheduler import Scheduler
@@ -57,6 +59,11 @@ def test_every_request_finishes_and_nothing_leaks(
                 finished.add(r.request_id)
         out = sched.schedule()
         assert out.num_tokens <= budget
+        # The runner samples exactly the rows the scheduler marked (one-token prefill
+        # chunks included), and every slot lies inside the request's blocks.
+        step = build_step_inputs(out.scheduled, block_size, torch.device("cpu"))
+        assert sorted(step.sampled_ids) == sorted(s.request_id for s in out.scheduled if s.sample)
+        assert all(0 <= slot < num_blocks * block_size for slot in step.meta.slot_mapping.tolist())
         assert len(sched.running) <= max_seqs
         for s in out.scheduled:
             r = next(x for x in requests if x.request_id == s.request_id)
