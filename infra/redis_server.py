@@ -53,7 +53,11 @@ class EmbeddedRedis:
             "--appendfsync", "everysec", "--save", "", "--daemonize", "no",
             "--logfile", str((self.data_dir / "redis.log").resolve()),
         ]  # fmt: skip
-        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        # Its own session: a Ctrl-C in the terminal must not stop Redis before the
+        # workers that drain into it; the owner stops it last.
+        self.proc = subprocess.Popen(
+            args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+        )
         client = redis.Redis.from_url(self.url)
         deadline = time.monotonic() + timeout
         while True:

@@ -142,16 +142,21 @@ class WorkerService:
         self.queues = [kombu.Queue(n, channel=channel, no_declare=True) for n in self.queue_names]
 
     def _shutdown(self) -> None:
-        self._release_prefetched()
-        for job in list(self.held.values()):
-            self.engine.abort(job.job_id)
-            if self.store.requeue(job.job_id, job.token):
-                log.info("re-queued %s at shutdown", job.job_id)
-            job.message.ack()
+        try:
+            self._release_prefetched()
+            for job in list(self.held.values()):
+                self.engine.abort(job.job_id)
+                if self.store.requeue(job.job_id, job.token):
+                    log.info("re-queued %s at shutdown", job.job_id)
+                job.message.ack()
+            self.redis.zrem(Keys.workers, self.worker_id)
+            self.redis.delete(Keys.worker(self.worker_id))
+        except (redis.RedisError, kombu.exceptions.OperationalError, OSError) as e:
+            # Held jobs keep their leases; the reaper re-queues them when they expire.
+            log.warning("Redis unavailable at shutdown (%s); leases will expire instead", e)
         self.held.clear()
-        self.redis.zrem(Keys.workers, self.worker_id)
-        self.redis.delete(Keys.worker(self.worker_id))
-        self.conn.release()
+        with contextlib.suppress(Exception):
+            self.conn.release()
 
     # -- taking work -------------------------------------------------------------------
 
