@@ -356,8 +356,9 @@ def _cancel_queued(client: redis.Redis, jobs: JobStore, batch_id: str, tenant: s
 
 def supervise_batches(now: float | None = None) -> None:
     """One pass over active batches: counts, cancel, expiry, and the start of finalization."""
-    _, client, batches, _, jobs = _handles()
+    settings, client, batches, _, jobs = _handles()
     now = time.time() if now is None else now
+    retry = settings.batch_retry_seconds
     for raw in client.smembers(Keys.active_batches):
         batch_id = raw.decode()
         batch = batches.get(batch_id)
@@ -365,12 +366,25 @@ def supervise_batches(now: float | None = None) -> None:
             client.srem(Keys.active_batches, batch_id)
             continue
         status = batch["status"]
+        if status in ("validating", "cancelling") and not batch.get("total"):
+            # Not fanned out yet. A validate task lost with a killed Celery worker would
+            # only come back after the broker's visibility timeout: send it again.
+            if now - float(batch.get("validate_sent_at") or now) > retry:
+                batches.update(batch_id, validate_sent_at=now)
+                validate_batch.delay(batch_id)
+            continue
+        if status in ("failed", "cancelled"):
+            client.srem(Keys.active_batches, batch_id)
+            continue
         states = _line_states(client, batch_id, int(batch.get("total") or 0))
         completed = states.count("completed")
         terminal = sum(1 for s in states if s == "error" or JobStatus(s).is_terminal)
         batches.update(batch_id, completed=completed, failed=terminal - completed)
         if terminal == len(states) and status in ("in_progress", "cancelling"):
-            if batches.transition(batch_id, [status], status="finalizing", finalizing_at=now):
+            moved = batches.transition(
+                batch_id, [status], status="finalizing", finalizing_at=now, finalize_sent_at=now
+            )
+            if moved:
                 finalize_batch.delay(batch_id)
         elif status in ("cancelling", "in_progress") and batch.get("stop") != "1":
             expired = status == "in_progress" and now > float(batch["expires_at"])
@@ -378,7 +392,8 @@ def supervise_batches(now: float | None = None) -> None:
                 final = "cancelled" if status == "cancelling" else "expired"
                 batches.update(batch_id, stop="1", final_status=final)
                 _cancel_queued(client, jobs, batch_id, batch["tenant"])
-        elif status == "finalizing" and now - float(batch.get("finalizing_at") or now) > 300:
+        elif status == "finalizing" and now - float(batch.get("finalize_sent_at") or now) > retry:
+            batches.update(batch_id, finalize_sent_at=now)
             finalize_batch.delay(batch_id)  # a finalize task was lost: run it again
 
 

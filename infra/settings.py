@@ -55,6 +55,9 @@ class Settings(BaseSettings):
     file_max_bytes: int = 200 * 1024 * 1024
     file_max_lines: int = 50_000
     batch_poll_interval: float = 1.0
+    batch_retry_seconds: float = Field(
+        120.0, description="re-send a batch's validate/finalize task stuck this long"
+    )
 
     # Reliability.
     lease_seconds: float = 5.0

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from gateway.deps import StateDep, TenantDep
 from gateway.routes.jobs import ERRORS
 from infra.batches import new_batch_id, parse_window, public_batch, validate_batch
+from infra.protocol import Keys
 from infra.schemas import WebhookSpec
 from infra.webhooks import UnsafeWebhookTarget, check_target
 
@@ -60,7 +61,10 @@ async def create_batch(body: BatchCreate, state: StateDep, tenant: TenantDep) ->
         "completed": 0,
         "failed": 0,
     }
+    record["validate_sent_at"] = now
     await asyncio.to_thread(state.batches.create, record)
+    # Followed by the supervisor from now on (it re-sends a lost validate task).
+    await asyncio.to_thread(state.redis.sadd, Keys.active_batches, record["id"])
     await asyncio.to_thread(validate_batch.delay, record["id"])
     return public_batch(await _owned(state, tenant, record["id"]))
 

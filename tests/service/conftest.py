@@ -34,6 +34,7 @@ class Fleet:
         self.url = f"http://127.0.0.1:{self.port}"
         self.model = model
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.argv: dict[str, list[str]] = {}
         self.env: dict[str, str] = {}
 
     def start(self) -> Fleet:
@@ -54,6 +55,7 @@ class Fleet:
             "TIDE_DRAIN_TIMEOUT": "30",
             "TIDE_DATA_DIR": str(self.tmp / "data"),
             "TIDE_BATCH_POLL_INTERVAL": "0.3",
+            "TIDE_BATCH_RETRY_SECONDS": "3",
             "OMP_NUM_THREADS": "1",
         }
         py = sys.executable
@@ -72,8 +74,14 @@ class Fleet:
     def spawn(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
         log = open(self.tmp / f"{name}.log", "ab")  # noqa: SIM115 - lives with the process
         proc = subprocess.Popen(argv, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT)
-        self.procs[name] = proc
+        self.procs[name], self.argv[name] = proc, argv
         return proc
+
+    def kill_and_restart(self, name: str) -> subprocess.Popen[bytes]:
+        """kill -9 a process of the fleet and start it again."""
+        self.procs[name].kill()
+        self.procs[name].wait()
+        return self.spawn(name, self.argv[name])
 
     def spawn_worker(self, name: str, *extra: str) -> subprocess.Popen[bytes]:
         argv = [sys.executable, "-m", "infra.cli", "worker", "--dtype", "float32",

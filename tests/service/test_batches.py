@@ -218,3 +218,29 @@ def test_batch_completion_webhook_is_signed(fleet):
         assert headers["webhook-id"] == f"msg_{batch['id']}_completed"
     finally:
         receiver.close()
+
+
+def test_celery_and_gateway_restarts_mid_batch_lose_and_duplicate_nothing(client, fleet):
+    import httpx
+
+    body = {"prompt": "Lily wanted to", "max_tokens": 20, "temperature": 0}
+    content = "\n".join(line(f"r-{i}", body) for i in range(300)).encode()
+    f = client.files.create(file=("restart.jsonl", content), purpose="batch")
+    batch = client.batches.create(
+        input_file_id=f.id, endpoint="/v1/completions", completion_window="24h"
+    )
+    time.sleep(0.3)  # the validate task is running or queued: kill the Celery worker now
+    fleet.kill_and_restart("webhooks")
+    fleet.kill_and_restart("gateway")
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{fleet.url}/readyz", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    done = wait_batch(client, batch.id, timeout=180)
+    assert done.status == "completed" and done.request_counts.completed == 300
+    output = [json.loads(x) for x in client.files.content(done.output_file_id).text.splitlines()]
+    assert [o["custom_id"] for o in output] == [f"r-{i}" for i in range(300)]
+    assert len({o["response"]["request_id"] for o in output}) == 300  # one job per line
