@@ -162,16 +162,27 @@ def test_kill_9_mid_generation_loses_nothing_and_completes_once(api, fleet, flee
         body = {"prompt": "The little dog", "max_tokens": 400, "temperature": 0, "ignore_eos": True,
                 "webhook": {"url": receiver.url}}  # fmt: skip
         ids = [api.post("/v1/jobs", json=body).json()["id"] for _ in range(16)]
-        held = wait_for(lambda: _held_by(fleet_redis, victim.pid), timeout=60, interval=0.01)
-        for _ in range(20):  # a worker never holds more jobs than its engine can run (4)
+        wait_for(lambda: _held_by(fleet_redis, victim.pid), timeout=60, interval=0.01)
+        for _ in range(5):  # a worker never holds more jobs than its engine can run (4)
             assert len(_held_by(fleet_redis, victim.pid)) <= 4
+        held = _held_by(fleet_redis, victim.pid)
         victim.send_signal(signal.SIGKILL)
         victim.wait()
         results = [wait_done(api, j, timeout=120) for j in ids]
         assert all(r["status"] == "completed" for r in results)
         assert all(r["usage"]["completion_tokens"] == 400 for r in results)
-        by_id = {r["id"]: r for r in results}
-        assert all(by_id[j]["attempts"] == 2 for j in held)
+        # A job the victim held either finished in the instant before the kill, or was
+        # re-queued by the reaper and completed elsewhere on a second attempt.
+        rerun = 0
+        for j in held:
+            owner = fleet_redis.hget(f"tide:job:{j}", "lease_owner").decode()
+            attempts = fleet_redis.hget(f"tide:job:{j}", "attempts")
+            if owner.endswith(f"-{victim.pid}"):
+                assert attempts == b"1"
+            else:
+                assert attempts == b"2"
+                rerun += 1
+        assert rerun >= 1, "the kill should have interrupted at least one job"
         wait_for(lambda: len(receiver.calls) >= len(ids), timeout=30)
         webhook_ids = [h["webhook-id"] for h, _ in receiver.calls]
         assert sorted(set(webhook_ids)) == sorted(webhook_ids), "a job completed twice"
