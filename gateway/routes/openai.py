@@ -38,7 +38,7 @@ async def _final(state: GatewayState, job_id: str) -> dict[str, str]:
     return record
 
 
-def _stream(state: GatewayState, job_id: str, chunk: Any, object_name: str) -> EventSourceResponse:
+def _stream(state: GatewayState, job_id: str, chunk: Any) -> EventSourceResponse:
     async def events() -> AsyncIterator[dict[str, str]]:
         async for event in job_events(state, job_id):
             if event["type"] == "delta" and event["text"]:
@@ -65,7 +65,7 @@ async def completions(body: CompletionCreate, state: StateDep, tenant: TenantDep
         def chunk(text: str, finish: str | None) -> dict[str, Any]:
             return {**base, "choices": [{"index": 0, "text": text, "finish_reason": finish}]}
 
-        return _stream(state, job_id, chunk, "text_completion")
+        return _stream(state, job_id, chunk)
     return completion_body(await _final(state, job_id), state.model_name)
 
 
@@ -81,7 +81,7 @@ async def chat_completions(body: ChatCompletionCreate, state: StateDep, tenant: 
             choice = {"index": 0, "delta": delta, "finish_reason": finish}
             return {**base, "object": "chat.completion.chunk", "choices": [choice]}
 
-        return _stream(state, job_id, chunk, "chat.completion.chunk")
+        return _stream(state, job_id, chunk)
     return chat_body(await _final(state, job_id), state.model_name)
 
 
