@@ -72,6 +72,21 @@ def write_kv_cache(
 
 
 @triton.jit
+def _attend(q, k, v, visible, m_i, l_i, acc, scale, UPCAST: tl.constexpr):
+    """One online-softmax step: fold a tile of keys/values into (max, sum, accumulator)."""
+    if UPCAST:
+        k, v = k.to(tl.float32), v.to(tl.float32)
+    s = tl.dot(q, tl.trans(k)).to(tl.float32) * scale
+    s = tl.where(visible, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    p = tl.exp(s - m_new[:, None])
+    alpha = tl.exp(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v).to(tl.float32)
+    return m_new, l_i, acc
+
+
+@triton.jit
 def _decode_kernel(
     query, k_cache, v_cache, block_tables, context_lens,
     part_acc, part_max, part_sum,
@@ -112,16 +127,8 @@ def _decode_kernel(
         v = tl.load(
             v_cache + rows[:, None] + d[None, :], mask=valid[:, None] & dmask[None, :], other=0.0
         )
-        if UPCAST:
-            k, v = k.to(tl.float32), v.to(tl.float32)
-        s = tl.dot(q, tl.trans(k)).to(tl.float32) * scale
-        s = tl.where(valid[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        p = tl.exp(s - m_new[:, None])
-        alpha = tl.exp(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v).to(tl.float32)
-        m_i = m_new
+        visible = tl.broadcast_to(valid[None, :], (BLOCK_G, BLOCK_SIZE))
+        m_i, l_i, acc = _attend(q, k, v, visible, m_i, l_i, acc, scale, UPCAST)
     base = (seq * tl.num_programs(1) + kvh) * NUM_PARTITIONS + part
     tl.store(part_max + base * BLOCK_G + g, m_i)
     tl.store(part_sum + base * BLOCK_G + g, l_i)
@@ -227,16 +234,8 @@ def _prefill_kernel(
         kmask = (k_pos < last)[:, None] & dmask[None, :]
         k = tl.load(k_cache + rows[:, None] + d[None, :], mask=kmask, other=0.0)
         v = tl.load(v_cache + rows[:, None] + d[None, :], mask=kmask, other=0.0)
-        if UPCAST:
-            k, v = k.to(tl.float32), v.to(tl.float32)
-        s = tl.dot(q, tl.trans(k)).to(tl.float32) * scale
-        s = tl.where(k_pos[None, :] <= q_pos[:, None], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        p = tl.exp(s - m_new[:, None])
-        alpha = tl.exp(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v).to(tl.float32)
-        m_i = m_new
+        visible = k_pos[None, :] <= q_pos[:, None]
+        m_i, l_i, acc = _attend(q, k, v, visible, m_i, l_i, acc, scale, UPCAST)
     result = (acc / l_i[:, None]).to(out.dtype.element_ty)
     tl.store(
         out + m_offs[:, None] * stride_ot + head * stride_oh + d[None, :],
