@@ -29,8 +29,9 @@ INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def _upcast(t: torch.Tensor) -> bool:
-    """Triton's CPU interpreter computes bf16 tl.dot wrongly (numpy has no bf16), so
-    under it the dot operands are upcast to fp32; compiled GPU code keeps bf16 dots."""
+    """Under Triton's CPU interpreter a bf16 tl.dot returned garbage here (presumably as
+    numpy has no bf16), so there the dot operands are upcast to fp32; compiled GPU code
+    keeps bf16 dots."""
     return INTERPRETED and t.dtype in (torch.bfloat16, torch.float16)
 
 
