@@ -246,6 +246,13 @@ def _job_body(endpoint: str, body: dict[str, Any]) -> JobCreate:
     return JobCreate(**request.sampling(), prompt=request.prompt, priority=Priority.BATCH)
 
 
+def _refusal(status: int, message: str, line: dict[str, Any]) -> str:
+    """A refused line's entry in the batch's line table (it has no job record)."""
+    return "error:" + json.dumps(
+        {"status": status, "message": message, "custom_id": line["custom_id"]}
+    )
+
+
 def fan_out(batch: dict[str, str], file: dict[str, str]) -> int:
     """One job per line at batch priority, written in pipelines; returns the request count."""
     settings, client, _, files, jobs = _handles()
@@ -286,9 +293,9 @@ def fan_out(batch: dict[str, str], file: dict[str, str]) -> int:
         except ValidationError as e:
             first = e.errors()[0]
             field = ".".join(str(p) for p in first.get("loc", ()))
-            refused[str(index)] = f"error:400:body.{field}: {first.get('msg')}"
+            refused[str(index)] = _refusal(400, f"body.{field}: {first.get('msg')}", obj)
         except SubmissionError as e:
-            refused[str(index)] = f"error:{e.status}:{e.message}"
+            refused[str(index)] = _refusal(e.status, e.message, obj)
         if len(pending) >= FANOUT_CHUNK:
             flush()
     flush()
@@ -403,49 +410,48 @@ def _output_lines(batch: dict[str, str], client: redis.Redis, want_errors: bool)
     batch_id, total = batch["id"], int(batch.get("total") or 0)
     lines = {int(k): v.decode() for k, v in client.hgetall(Keys.batch_lines(batch_id)).items()}
     make_body = chat_body if batch["endpoint"] == "/v1/chat/completions" else completion_body
+    lost = _refusal(500, "line lost", {"custom_id": ""})
     for start in range(0, total, FANOUT_CHUNK):
-        chunk = [
-            lines.get(i, "error:500:line lost")
-            for i in range(start, min(total, start + FANOUT_CHUNK))
-        ]
+        chunk = [lines.get(i, lost) for i in range(start, min(total, start + FANOUT_CHUNK))]
+        job_ids = [v for v in chunk if not v.startswith("error:")]
         pipe = client.pipeline(transaction=False)
-        for v in chunk:
-            pipe.hgetall(Keys.job(v) if not v.startswith("error:") else "tide:none")
+        for job_id in job_ids:
+            pipe.hgetall(Keys.job(job_id))
+        records = dict(zip(job_ids, pipe.execute(), strict=True))
         out = []
-        for i, (v, raw) in enumerate(zip(chunk, pipe.execute(), strict=True), start):
-            job = {k.decode(): x.decode() for k, x in raw.items()}
-            custom_id = job.get("custom_id") or _custom_id_of(batch, i)
-            line: dict[str, Any] = {"id": f"batch_req_{batch_id}_{i}", "custom_id": custom_id}
+        for i, v in enumerate(chunk, start):
+            line: dict[str, Any] = {"id": f"batch_req_{batch_id}_{i}"}
             if v.startswith("error:"):
-                _, code, message = v.split(":", 2)
-                line |= {"response": {"status_code": int(code), "request_id": None, "body": None},
-                         "error": {"code": "invalid_request", "message": message}}  # fmt: skip
-            elif job.get("status") == JobStatus.COMPLETED:
-                body = make_body(job, settings.model)
+                refused = json.loads(v.removeprefix("error:"))
                 line |= {
-                    "response": {"status_code": 200, "request_id": job["id"], "body": body},
-                    "error": None,
+                    "custom_id": refused["custom_id"],
+                    "response": {
+                        "status_code": refused["status"],
+                        "request_id": None,
+                        "body": None,
+                    },
+                    "error": {"code": "invalid_request", "message": refused["message"]},
                 }
             else:
-                status = job.get("status") or "expired"
-                message = job.get("error") or f"job {status}"
-                line |= {"response": None, "error": {"code": f"job_{status}", "message": message}}
+                job = {k.decode(): x.decode() for k, x in records[v].items()}
+                line["custom_id"] = job.get("custom_id", "")
+                if job.get("status") == JobStatus.COMPLETED:
+                    body = make_body(job, settings.model)
+                    line |= {
+                        "response": {"status_code": 200, "request_id": job["id"], "body": body},
+                        "error": None,
+                    }
+                else:
+                    status = job.get("status") or "expired"
+                    message = job.get("error") or f"job {status}"
+                    line |= {
+                        "response": None,
+                        "error": {"code": f"job_{status}", "message": message},
+                    }
             if (line["error"] is not None) == want_errors:
                 out.append(json.dumps(line, ensure_ascii=False).encode() + b"\n")
         if out:
             yield b"".join(out)
-
-
-def _custom_id_of(batch: dict[str, str], index: int) -> str:
-    """custom_id of a refused line (not in a job record): read it back from the input."""
-    _, _, _, files, _ = _handles()
-    file = files.get(batch["input_file_id"])
-    if file is None:
-        return ""
-    for i, (_n, raw) in enumerate(_lines(files, file)):
-        if i == index:
-            return str(json.loads(raw).get("custom_id", ""))
-    return ""
 
 
 @celery_app.task(name="tide.batch.finalize")

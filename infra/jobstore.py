@@ -44,13 +44,15 @@ return {'created', ARGV[2]}
 
 _ACQUIRE = """
 local st = redis.call('HGET', KEYS[1], 'status')
-if not st then return 'missing' end
-if st ~= 'queued' then return st end
+if not st then return {'missing'} end
+if st ~= 'queued' then return {st} end
 redis.call('HSET', KEYS[1], 'status', 'in_progress', 'lease_token', ARGV[2],
            'lease_owner', ARGV[1], 'started_at', ARGV[3])
 redis.call('HINCRBY', KEYS[1], 'attempts', 1)
 redis.call('ZADD', KEYS[2], ARGV[4], ARGV[5])
-return 'acquired'
+local record = redis.call('HGETALL', KEYS[1])
+table.insert(record, 1, 'acquired')
+return record
 """
 
 _REFRESH = """
@@ -208,16 +210,23 @@ class JobStore:
             return None
         return {k.decode(): v.decode() for k, v in raw.items()}
 
-    def acquire(self, job_id: str, worker_id: str, lease_seconds: float) -> tuple[str, str]:
-        """Take a queued job: ('acquired', lease token) or (its status, '')."""
+    def acquire(
+        self, job_id: str, worker_id: str, lease_seconds: float
+    ) -> tuple[str, str, dict[str, str]]:
+        """Take a queued job in one round trip: ('acquired', lease token, its record),
+        or (its status, '', {}) when it is not queued (cancelled, a duplicate message)."""
         token = uuid.uuid4().hex
         now = time.time()
-        res = self._acquire(
-            keys=[Keys.job(job_id), Keys.leases],
-            args=[worker_id, token, now, now + lease_seconds, job_id],
-        )
-        res = res.decode() if isinstance(res, bytes) else res
-        return res, token if res == "acquired" else ""
+        res = [
+            v.decode() if isinstance(v, bytes) else v
+            for v in self._acquire(
+                keys=[Keys.job(job_id), Keys.leases],
+                args=[worker_id, token, now, now + lease_seconds, job_id],
+            )
+        ]
+        if res[0] != "acquired":
+            return res[0], "", {}
+        return "acquired", token, dict(zip(res[1::2], res[2::2], strict=True))
 
     def refresh(self, leases: dict[str, str], lease_seconds: float) -> dict[str, str]:
         """Extend many leases in one round trip: job id -> '0', '1' (cancel asked) or 'lost'."""

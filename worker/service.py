@@ -205,12 +205,12 @@ class WorkerService:
         message.ack()
 
     def _start(self, message: kombu.Message, job: JobMessage) -> None:
-        status, token = self.store.acquire(job.job_id, self.worker_id, self.settings.lease_seconds)
+        lease = self.settings.lease_seconds
+        status, token, record = self.store.acquire(job.job_id, self.worker_id, lease)
         if status != "acquired":
             log.info("skipping %s: %s", job.job_id, status)  # cancelled or a duplicate
             message.ack()
             return
-        record = self.store.get(job.job_id) or {}
         held = HeldJob(
             job.job_id, token, record.get("tenant", ""), message, bool(record.get("webhook_url")),
             streams=record.get("priority") != Priority.BATCH,

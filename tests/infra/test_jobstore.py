@@ -19,11 +19,12 @@ def _create(store: JobStore, job_id: str = "job_x") -> None:
 def test_only_the_current_lease_holder_completes(redis_client):
     store = JobStore(redis_client)
     _create(store)
-    status, stale = store.acquire("job_x", "w1", lease_seconds=5)
+    status, stale, record = store.acquire("job_x", "w1", lease_seconds=5)
     assert status == "acquired"
+    assert record["status"] == "in_progress" and record["lease_owner"] == "w1"
     assert store.reap(max_attempts=3, now=time.time() + 10) == {"job_x": "requeued"}
     assert redis_client.lrange("tide.short.interactive", 0, -1).count(b"msg") == 2  # re-queued
-    status, fresh = store.acquire("job_x", "w2", lease_seconds=5)
+    status, fresh, _ = store.acquire("job_x", "w2", lease_seconds=5)
     assert status == "acquired" and fresh != stale
     assert not store.finish("job_x", stale, "t", JobStatus.COMPLETED, text="late")
     assert store.finish("job_x", fresh, "t", JobStatus.COMPLETED, text="on time")
@@ -31,7 +32,11 @@ def test_only_the_current_lease_holder_completes(redis_client):
     assert record["status"] == "completed" and record["text"] == "on time"
     assert record["attempts"] == "2"
     assert redis_client.get(Keys.tenant_active("t")) == b"0"
-    assert store.acquire("job_x", "w3", 5) == ("completed", "")  # a duplicate message is skipped
+    assert store.acquire("job_x", "w3", 5) == (
+        "completed",
+        "",
+        {},
+    )  # a duplicate message is skipped
 
 
 def test_max_attempts_fails_the_job_with_a_reason(redis_client):
@@ -49,7 +54,7 @@ def test_max_attempts_fails_the_job_with_a_reason(redis_client):
 def test_refresh_reports_cancel_requests_and_lost_leases(redis_client):
     store = JobStore(redis_client)
     _create(store)
-    _, token = store.acquire("job_x", "w1", lease_seconds=5)
+    _, token, _ = store.acquire("job_x", "w1", lease_seconds=5)
     assert store.refresh({"job_x": token}, 5) == {"job_x": "0"}
     assert store.cancel("job_x", "t") == "cancelling"
     assert store.refresh({"job_x": token}, 5) == {"job_x": "1"}

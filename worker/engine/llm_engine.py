@@ -127,6 +127,11 @@ class LLMEngine:
         if bad is not None:
             raise ValueError(f"prompt token id {bad} is outside the vocabulary [0, {vocab})")
         request = Request(request_id, prompt_token_ids, params, priority, next(self._arrivals))
+        explicit = params.stop_token_ids
+        stops = set(explicit) if explicit is not None else set(self.eos_token_ids)
+        request.stop_token_ids = frozenset(
+            stops - self.eos_token_ids if params.ignore_eos else stops
+        )
         self.requests[request_id] = request
         if self.tokenizer is not None:
             self._detoks[request_id] = IncrementalDetokenizer(
@@ -192,14 +197,9 @@ class LLMEngine:
         if request.timings.first_token is None:
             request.timings.first_token = now
         params = request.params
-        stops = (
-            set(params.stop_token_ids) if params.stop_token_ids is not None else self.eos_token_ids
-        )
-        if params.ignore_eos:
-            stops = stops - self.eos_token_ids
         detok = self._detoks.get(request.request_id)
         reason = None
-        if token in stops:
+        if token in request.stop_token_ids:
             reason = "stop"
         elif detok is not None:
             detok.add_token(token)

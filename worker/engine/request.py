@@ -51,6 +51,7 @@ class Request:
         self.status = RequestStatus.WAITING
         self.num_computed_tokens = 0
         self.num_preemptions = 0
+        self.stop_token_ids: frozenset[int] = frozenset()  # set by the engine on admission
         self.finish_reason: str | None = None
         self.error: str | None = None
         self.timings = RequestTimings()
