@@ -8,6 +8,7 @@ half-written.
 
 from __future__ import annotations
 
+import base64
 import json
 import time
 import uuid
@@ -16,7 +17,7 @@ from typing import Any
 
 import redis
 
-from infra.protocol import JobStatus, Keys
+from infra.protocol import BUCKETS, JobStatus, Keys, Priority, queue_name
 
 _CREATE = """
 local calls = redis.call('INCR', KEYS[5])
@@ -178,6 +179,17 @@ class NewJob:
         }
 
 
+_RESTORE_STRANDED = """
+if redis.call('HGET', KEYS[3], 'status') ~= 'queued' then return 0 end
+if redis.call('HDEL', KEYS[1], ARGV[1]) == 0 then return 0 end
+redis.call('ZREM', KEYS[2], ARGV[1])
+redis.call('RPUSH', KEYS[4], ARGV[2])
+return 1
+"""
+
+KOMBU_UNACKED, KOMBU_UNACKED_INDEX = "unacked", "unacked_index"  # kombu's Redis defaults
+
+
 class LimitExceeded(Exception):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
@@ -199,6 +211,7 @@ class JobStore:
         self._requeue = client.register_script(_REQUEUE)
         self._cancel = client.register_script(_CANCEL)
         self._reap = client.register_script(_REAP)
+        self._restore = client.register_script(_RESTORE_STRANDED)
 
     def create(self, job: NewJob) -> dict[str, str]:
         keys, args = job.script_call()
@@ -283,6 +296,27 @@ class JobStore:
             )
             out[job_id] = res.decode() if isinstance(res, bytes) else res
         return out
+
+    def restore_stranded(self, older_than: float, now: float | None = None) -> list[str]:
+        """Put back messages a worker took but never started (it died, or Redis restarted
+        between the take and the acquire): the job is still queued, its message sits in
+        kombu's unacked set. Copies of started jobs are left alone (acquire skips them)."""
+        now = time.time() if now is None else now
+        job_queues = {queue_name(b, p) for b in BUCKETS for p in Priority}
+        restored = []
+        for tag in self.r.zrangebyscore(KOMBU_UNACKED_INDEX, "-inf", now - older_than):
+            raw = self.r.hget(KOMBU_UNACKED, tag)
+            if raw is None:
+                continue
+            envelope, _exchange, routing_key = json.loads(raw)
+            if routing_key not in job_queues:
+                continue  # a Celery task, not a job
+            body = json.loads(base64.b64decode(envelope["body"]))
+            job_id = body.get("job_id", "")
+            keys = [KOMBU_UNACKED, KOMBU_UNACKED_INDEX, Keys.job(job_id), routing_key]
+            if self._restore(keys=keys, args=[tag, json.dumps(envelope)]):
+                restored.append(job_id)
+        return restored
 
 
 def _encode(value: Any) -> str:

@@ -18,7 +18,12 @@ from infra.settings import Settings
 log = logging.getLogger(__name__)
 
 
+STRANDED_SECONDS = 10.0  # a message taken but not started for this long goes back
+
+
 def reap_once(store: JobStore, settings: Settings) -> dict[str, str]:
+    for job_id in store.restore_stranded(STRANDED_SECONDS):
+        log.warning("message of %s was taken but never started: back in its queue", job_id)
     results = store.reap(settings.max_attempts)
     for job_id, outcome in results.items():
         if outcome in ("requeued", "failed", "cancelled"):

@@ -59,3 +59,31 @@ def test_refresh_reports_cancel_requests_and_lost_leases(redis_client):
     assert store.cancel("job_x", "t") == "cancelling"
     assert store.refresh({"job_x": token}, 5) == {"job_x": "1"}
     assert store.refresh({"job_x": "someone-else"}, 5) == {"job_x": "lost"}
+
+
+def test_a_message_taken_but_never_started_goes_back(redis_client, redis_server):
+    import kombu
+
+    from infra import queues
+    from infra.protocol import JobMessage
+
+    store = JobStore(redis_client)
+    q = "tide.short.interactive"
+    fields = {"id": "job_s", "tenant": "t", "status": "queued", "bucket": "short",
+              "priority": "interactive", "created_at": time.time()}  # fmt: skip
+    job = NewJob(fields, q, queues.encode(JobMessage("job_s", "short", "interactive", 3, 3), q),
+                 None, 10, 10, 10, 3600)  # fmt: skip
+    keys, args = job.script_call()
+    job.result(store.create_script(keys=keys, args=args))
+    # A worker takes it and dies (no clean close, which would hand it back itself).
+    dead = queues.connection(redis_server.url)
+    taken = kombu.Queue(q, channel=dead.default_channel).get(no_ack=False)
+    assert taken is not None and redis_client.llen(q) == 0 and redis_client.hlen("unacked") == 1
+    assert store.restore_stranded(older_than=10) == []  # too recent
+    assert store.restore_stranded(older_than=10, now=time.time() + 11) == ["job_s"]
+    assert redis_client.llen(q) == 1 and redis_client.hlen("unacked") == 0
+    status, _, _ = store.acquire("job_s", "w1", 5)
+    assert status == "acquired"
+    kombu.Queue(q, channel=dead.default_channel).get(no_ack=False)  # a started job's copy
+    assert store.restore_stranded(older_than=10, now=time.time() + 11) == []
+    dead.release()
