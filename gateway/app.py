@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gateway.deps import GatewayState
-from gateway.metrics import RequestMetrics
+from gateway.metrics import RequestMetrics, note_rejection
 from gateway.routes import batches, files, health, jobs, openai
 from infra.batches import BatchStore
 from infra.files import FileStore
@@ -32,13 +32,23 @@ from worker.models.registry import model_folder
 log = logging.getLogger(__name__)
 
 
+def _async_pool(settings: Settings) -> redis.asyncio.BlockingConnectionPool:
+    """Each open event stream holds a connection while it blocks in XREAD: a blocking pool
+    makes request number N+1 wait for a free connection instead of failing with a 500."""
+    return redis.asyncio.BlockingConnectionPool.from_url(
+        settings.redis_url or "",
+        max_connections=settings.gateway_redis_connections,
+        timeout=settings.gateway_redis_wait_seconds,
+    )
+
+
 def load_state(settings: Settings) -> GatewayState:
     if not settings.redis_url:
         raise RuntimeError("the gateway needs REDIS_URL (tide up starts an embedded Redis)")
     client = redis.Redis.from_url(settings.redis_url)
     state = GatewayState(
         settings, client, JobStore(client), None, settings.model,
-        aredis=redis.asyncio.Redis.from_url(settings.redis_url),
+        aredis=redis.asyncio.Redis(connection_pool=_async_pool(settings)),
         files=FileStore(client, make_storage(settings)),
         batches=BatchStore(client),
     )  # fmt: skip
@@ -84,6 +94,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         kind = "rate_limit_error" if exc.status_code == 429 else "invalid_request_error"
+        note_rejection(request.scope, exc)
         return _error(exc.status_code, str(exc.detail), kind, exc.headers)
 
     @app.exception_handler(RequestValidationError)
@@ -93,6 +104,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             loc = ".".join(str(p) for p in err.get("loc", ()) if p != "body") or "body"
             parts.append(f"{loc}: {err.get('msg')}")
         return _error(422, "; ".join(parts), "invalid_request_error")
+
+    @app.exception_handler(redis.RedisError)
+    async def redis_error(request: Request, exc: redis.RedisError) -> JSONResponse:
+        # Redis down, or every connection busy past gateway_redis_wait_seconds: nothing was
+        # written (a job is created in one Lua call or not at all), so retrying is safe.
+        log.warning("Redis unavailable: %s", exc)
+        return _error(503, f"job store unavailable ({exc}); retry", "service_unavailable",
+                      {"Retry-After": "1"})  # fmt: skip
 
     return app
 

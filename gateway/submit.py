@@ -7,6 +7,7 @@ import asyncio
 from fastapi import HTTPException
 
 from gateway.deps import GatewayState
+from gateway.metrics import LIMIT_REASONS, tag_rejection
 from infra.jobstore import LimitExceeded
 from infra.protocol import Priority
 from infra.schemas import JobCreate
@@ -46,4 +47,5 @@ async def submit_job(
     try:
         return job.result(await state.create_script(keys=keys, args=args))
     except LimitExceeded as e:
-        raise http_error(limit_error(state.settings, e.reason, job.queue)) from None
+        error = http_error(limit_error(state.settings, e.reason, job.queue))
+        raise tag_rejection(error, LIMIT_REASONS.get(e.reason, "limit")) from None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import logging
 import sys
@@ -18,6 +19,16 @@ GENERATE_OVERRIDES = {
     "stop_token_ids": list,
     "ignore_eos": bool,
 }
+
+
+SUBCOMMAND_MODULES = (
+    "infra.batch_cli",
+    "infra.bench_cli",
+    "infra.plan_cli",
+    "infra.doctor_cli",
+    "infra.infra_cli",
+    "infra.simulate_cli",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -63,7 +74,13 @@ def build_parser() -> argparse.ArgumentParser:
         description="Start the embedded fleet (Redis unless REDIS_URL is set). Ctrl-C stops it.",
     )
     up.add_argument("--model", default=None, help="HF folder or dummy:PRESET (default: settings)")
-    up.add_argument("--workers", type=int, default=1)
+    up.add_argument("--workers", type=int, default=1, help="fixed pool size (min = max)")
+    up.add_argument("--min-workers", type=int, default=None, help="autoscale from this (e.g. 0)")
+    up.add_argument("--max-workers", type=int, default=None, help="autoscale up to this")
+    up.add_argument(
+        "--fleet", default=None,
+        help="fleet.toml with pools (local actuator); overrides --workers/--min/--max",
+    )  # fmt: skip
     up.add_argument("--port", type=int, default=8000)
     up.add_argument("--host", default="127.0.0.1")
     up.add_argument("--data-dir", default=None, help="embedded Redis AOF folder (default .tide)")
@@ -78,11 +95,26 @@ def build_parser() -> argparse.ArgumentParser:
     wk.add_argument("--pool", default="default")
     wk.add_argument("--buckets", default="short,medium,long", help="comma-separated, in order")
     wk.add_argument("--model", default=None, help="HF folder or dummy:PRESET (default: settings)")
+    wk.add_argument("--worker-id", default=None, help="default: <pool>-<host>-<pid>")
     _engine_flags(wk)
     wk.set_defaults(func=cmd_worker)
 
     rp = sub.add_parser("reaper", help="re-queue jobs whose worker lease expired")
     rp.set_defaults(func=cmd_reaper)
+
+    ct = sub.add_parser(
+        "controller",
+        help="scale worker pools with their queues (local processes or AWS Auto Scaling)",
+        description="Every poll interval: read backlogs and heartbeats, decide per pool, act. "
+        "Also runs the lease reaper and the batch supervisor.",
+    )
+    ct.add_argument("--fleet", default="fleet.toml", help="pools declaration (fleet.toml)")
+    ct.add_argument("--actuator", choices=["local", "aws"], default=None,
+                    help="default: [controller] actuator in the fleet file")  # fmt: skip
+    ct.add_argument("--metrics-port", type=int, default=9300, help="0 = any free port")
+    ct.add_argument("--aws-endpoint-url", default=None, help="AWS endpoint (tests: moto)")
+    _engine_flags(ct)
+    ct.set_defaults(func=cmd_controller)
 
     sm = sub.add_parser("submit", help="submit a job to a running gateway")
     sm.add_argument("text")
@@ -97,9 +129,9 @@ def build_parser() -> argparse.ArgumentParser:
     _client_flags(st)
     st.set_defaults(func=cmd_status)
 
-    from infra.batch_cli import add_parser as add_batch_parser
-
-    add_batch_parser(sub)
+    # Each of these modules has add_parser(sub) that registers its own subcommand(s).
+    for module in SUBCOMMAND_MODULES:
+        importlib.import_module(module).add_parser(sub)
     return parser
 
 
@@ -110,6 +142,11 @@ def _engine_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument("--max-num-batched-tokens", type=int, default=1024)
     p.add_argument("--attention-backend", choices=["auto", "torch", "triton"], default="auto")
+    p.add_argument("--no-prefix-caching", action="store_true", help="turn the prefix cache off")
+    p.add_argument(
+        "--batching", choices=["continuous", "static"], default="continuous",
+        help="static: admit only into an empty engine, run each batch to completion (baseline)",
+    )  # fmt: skip
 
 
 def _client_flags(p: argparse.ArgumentParser) -> None:
@@ -213,11 +250,22 @@ def cmd_worker(args: argparse.Namespace) -> int:
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         attention_backend=args.attention_backend,
+        enable_prefix_caching=not args.no_prefix_caching,
+        batching=args.batching,
     )
     buckets = [b.strip() for b in args.buckets.split(",") if b.strip()]
-    service = WorkerService(engine, settings, args.pool, buckets)
+    service = WorkerService(engine, settings, args.pool, buckets, worker_id=args.worker_id)
     service.install_signal_handlers()
+    from infra.aws_lifecycle import LifecycleWatcher
+
+    watcher = None
+    if LifecycleWatcher.enabled(settings):  # on EC2: drain when the ASG terminates us
+        watcher = LifecycleWatcher(settings, on_terminate=service.drain)
+        watcher.start()
     service.run()
+    if watcher is not None:
+        watcher.stop()
+        watcher.complete()
     return 0
 
 
@@ -232,6 +280,42 @@ def cmd_reaper(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     run_reaper(get_settings(), stop)
+    return 0
+
+
+def cmd_controller(args: argparse.Namespace) -> int:
+    import signal
+    import threading
+
+    import redis
+
+    from infra.actuators import AwsActuator, LocalActuator
+    from infra.controller import Controller
+    from infra.fleet_config import load_fleet
+    from infra.settings import get_settings
+
+    settings = get_settings()
+    if not settings.redis_url:
+        print("error: tide controller needs REDIS_URL", file=sys.stderr)
+        return 2
+    try:
+        fleet = load_fleet(args.fleet)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    client = redis.Redis.from_url(settings.redis_url)
+    kind = args.actuator or fleet.controller.actuator
+    actuator: Any
+    if kind == "aws":
+        actuator = AwsActuator(fleet, client, endpoint_url=args.aws_endpoint_url)
+    else:
+        from infra.fleet import engine_argv
+
+        actuator = LocalActuator(fleet, worker_argv=engine_argv(args))
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    Controller(fleet, settings, actuator, client).run(stop, metrics_port=args.metrics_port)
     return 0
 
 

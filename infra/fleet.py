@@ -13,7 +13,9 @@ from pathlib import Path
 
 import httpx
 
-from infra.reaper import run_reaper
+from infra.actuators import LocalActuator
+from infra.controller import Controller
+from infra.fleet_config import FleetConfig, load_fleet, local_default_fleet
 from infra.redis_server import EmbeddedRedis
 from infra.settings import Settings, get_settings
 
@@ -27,17 +29,6 @@ class LocalFleet:
 
     def _spawn(self, name: str, argv: list[str], env: dict[str, str]) -> None:
         self.procs.append((name, subprocess.Popen(argv, env=env)))
-
-    def _engine_argv(self) -> list[str]:
-        a = self.args
-        argv = ["--device", a.device, "--max-num-seqs", str(a.max_num_seqs)]
-        argv += ["--max-num-batched-tokens", str(a.max_num_batched_tokens)]
-        argv += ["--attention-backend", a.attention_backend]
-        if a.dtype:
-            argv += ["--dtype", a.dtype]
-        if a.kv_cache_memory:
-            argv += ["--kv-cache-memory", str(a.kv_cache_memory)]
-        return argv
 
     def run(self) -> int:
         from worker.models.dummy import resolve_model_path  # torch: only in this parent
@@ -68,8 +59,6 @@ class LocalFleet:
              "--log-level", "warning"],
             env,
         )  # fmt: skip
-        for i in range(a.workers):
-            self._spawn(f"worker-{i}", [py, "-m", "infra.cli", "worker", *self._engine_argv()], env)
         self._spawn(
             "webhooks",
             [py, "-m", "celery", "-A", "infra.celery_app:celery_app", "worker", "--pool=solo",
@@ -77,8 +66,12 @@ class LocalFleet:
              "--without-gossip", "--without-mingle"],
             env,
         )  # fmt: skip
-        reaper = threading.Thread(target=run_reaper, args=(settings, self.stop), daemon=True)
-        reaper.start()
+        # The controller (it hosts the reaper and batch supervisor) scales the local workers.
+        fleet = self._fleet_config()
+        self.actuator = LocalActuator(fleet, env=env, worker_argv=engine_argv(a))
+        self.controller = Controller(fleet, settings, self.actuator)
+        ctl = threading.Thread(target=self.controller.run, args=(self.stop,), daemon=True)
+        ctl.start()
         signal.signal(signal.SIGTERM, lambda *_: self.stop.set())
         url = f"http://{a.host}:{a.port}"
         try:
@@ -98,9 +91,29 @@ class LocalFleet:
             self.shutdown()
         return 0
 
+    def _fleet_config(self) -> FleetConfig:
+        a = self.args
+        if a.fleet:
+            return load_fleet(a.fleet)
+        fleet = local_default_fleet(a.workers)
+        pool = fleet.pools["default"]
+        if a.min_workers is not None or a.max_workers is not None:
+            pool.min_workers = a.min_workers if a.min_workers is not None else 0
+            pool.max_workers = a.max_workers if a.max_workers is not None else max(a.workers, 1)
+            if pool.min_workers > pool.max_workers or pool.max_workers < 1:
+                raise SystemExit(
+                    f"tide up: --min-workers ({pool.min_workers}) must be <= --max-workers "
+                    f"({pool.max_workers}) and --max-workers at least 1"
+                )
+        return fleet
+
     def _banner(self, url: str, settings: Settings, model: str) -> None:
+        pools = ", ".join(
+            f"{p.name} {p.min_workers}-{p.max_workers} on {'/'.join(p.buckets)}"
+            for p in self.controller.fleet.pools.values()
+        )
         lines = [
-            f"Tide is up: {len(self.procs) - 2} worker(s) on {model}",
+            f"Tide is up on {model}: worker pools {pools} (scaled by the controller)",
             f"  gateway  {url}   (API docs: {url}/docs, metrics: {url}/metrics)",
             f"  redis    {settings.redis_url}" + ("   (embedded, AOF)" if self.redis else ""),
             f'  try      tide submit "Once upon a time" --wait --url {url}',
@@ -112,6 +125,8 @@ class LocalFleet:
 
     def shutdown(self) -> None:
         self.stop.set()
+        if getattr(self, "actuator", None) is not None:
+            self.actuator.close()
         for _, proc in self.procs:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
@@ -122,6 +137,21 @@ class LocalFleet:
                 proc.kill()
         if self.redis is not None:
             self.redis.stop()
+
+
+def engine_argv(a: argparse.Namespace) -> list[str]:
+    """The engine flags of `tide up`/`tide controller`, passed on to each `tide worker`."""
+    argv = ["--device", a.device, "--max-num-seqs", str(a.max_num_seqs)]
+    argv += ["--max-num-batched-tokens", str(a.max_num_batched_tokens)]
+    argv += ["--attention-backend", a.attention_backend]
+    argv += ["--batching", getattr(a, "batching", "continuous")]
+    if getattr(a, "no_prefix_caching", False):
+        argv.append("--no-prefix-caching")
+    if a.dtype:
+        argv += ["--dtype", a.dtype]
+    if a.kv_cache_memory:
+        argv += ["--kv-cache-memory", str(a.kv_cache_memory)]
+    return argv
 
 
 def wait_ready(url: str, timeout: float = 120.0, stop: threading.Event | None = None) -> None:

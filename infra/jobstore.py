@@ -19,8 +19,29 @@ import redis
 
 from infra.protocol import BUCKETS, JobStatus, Keys, Priority, queue_name
 
-_CREATE = """
-local calls = redis.call('INCR', KEYS[5])
+# Backlog accounting, shared by the scripts below: a queued job is a member of the zset
+# tide:backlog:<bucket> (score: created_at) and its prompt + max tokens are in the hash
+# tide:backlog_tokens; the two change together, only when membership changes.
+_BACKLOG_LUA = """
+local function backlog(jobkey, job_id, add)
+  local f = redis.call('HMGET', jobkey, 'bucket', 'prompt_tokens', 'max_tokens', 'created_at')
+  if not f[1] then return end
+  local z = 'tide:backlog:' .. f[1]
+  local tokens = tonumber(f[2] or '0') + tonumber(f[3] or '0')
+  if add then
+    if redis.call('ZADD', z, 'NX', tonumber(f[4] or '0'), job_id) == 1 then
+      redis.call('HINCRBY', 'tide:backlog_tokens', f[1], tokens)
+    end
+  elseif redis.call('ZREM', z, job_id) == 1 then
+    redis.call('HINCRBY', 'tide:backlog_tokens', f[1], 0 - tokens)  -- never -0
+  end
+  return tokens
+end
+"""
+
+_CREATE = (
+    _BACKLOG_LUA
+    + """local calls = redis.call('INCR', KEYS[5])
 if calls == 1 then redis.call('EXPIRE', KEYS[5], 2) end
 if calls > tonumber(ARGV[3]) then return {'rate'} end
 if ARGV[1] ~= '' then
@@ -38,12 +59,19 @@ redis.call('HSET', KEYS[1], unpack(ARGV, 8))
 redis.call('EXPIRE', KEYS[1], ARGV[4])
 if ARGV[1] ~= '' then redis.call('SET', KEYS[2], ARGV[2], 'EX', ARGV[4]) end
 redis.call('INCR', KEYS[3])
+local tokens = backlog(KEYS[1], ARGV[2], true)
+local bucket = redis.call('HGET', KEYS[1], 'bucket')
+redis.call('HINCRBY', 'tide:arrived_tokens', bucket, tokens)
+redis.call('HINCRBY', 'tide:arrived_jobs', bucket, 1)
 redis.call('LPUSH', KEYS[4], ARGV[7])
 redis.call('PUBLISH', KEYS[6], KEYS[4])
 return {'created', ARGV[2]}
 """
+)
 
-_ACQUIRE = """
+_ACQUIRE = (
+    _BACKLOG_LUA
+    + """
 local st = redis.call('HGET', KEYS[1], 'status')
 if not st then return {'missing'} end
 if st ~= 'queued' then return {st} end
@@ -51,10 +79,12 @@ redis.call('HSET', KEYS[1], 'status', 'in_progress', 'lease_token', ARGV[2],
            'lease_owner', ARGV[1], 'started_at', ARGV[3])
 redis.call('HINCRBY', KEYS[1], 'attempts', 1)
 redis.call('ZADD', KEYS[2], ARGV[4], ARGV[5])
+backlog(KEYS[1], ARGV[5], false)
 local record = redis.call('HGETALL', KEYS[1])
 table.insert(record, 1, 'acquired')
 return record
 """
+)
 
 _REFRESH = """
 if redis.call('HGET', KEYS[1], 'lease_token') ~= ARGV[1] then return 'lost' end
@@ -78,24 +108,32 @@ redis.call('DECR', KEYS[3])
 return 1
 """
 
-_REQUEUE = """
+_REQUEUE = (
+    _BACKLOG_LUA
+    + """
 if redis.call('HGET', KEYS[1], 'lease_token') ~= ARGV[1] then return 0 end
 redis.call('HSET', KEYS[1], 'status', 'queued')
 redis.call('HDEL', KEYS[1], 'lease_token', 'lease_owner')
 redis.call('HINCRBY', KEYS[1], 'attempts', -1)
 redis.call('ZREM', KEYS[2], ARGV[2])
+backlog(KEYS[1], ARGV[2], true)
 local fields = redis.call('HMGET', KEYS[1], 'queue', 'message')
 redis.call('RPUSH', fields[1], fields[2])
+redis.call('PUBLISH', 'tide:wakeup', fields[1])
 return 1
 """
+)
 
-_CANCEL = """
+_CANCEL = (
+    _BACKLOG_LUA
+    + """
 local st = redis.call('HGET', KEYS[1], 'status')
 if not st then return 'missing' end
 if st == 'queued' then
   redis.call('HSET', KEYS[1], 'status', 'cancelled', 'finished_at', ARGV[1],
              'finish_reason', 'abort')
   redis.call('DECR', KEYS[2])
+  backlog(KEYS[1], ARGV[2], false)
   return 'cancelled'
 end
 if st == 'in_progress' then
@@ -104,8 +142,11 @@ if st == 'in_progress' then
 end
 return st
 """
+)
 
-_REAP = """
+_REAP = (
+    _BACKLOG_LUA
+    + """
 local expiry = redis.call('ZSCORE', KEYS[2], ARGV[1])
 if not expiry or tonumber(expiry) > tonumber(ARGV[2]) then return 'alive' end
 redis.call('ZREM', KEYS[2], ARGV[1])
@@ -125,10 +166,13 @@ if attempts >= tonumber(ARGV[3]) then
   return 'failed'
 end
 redis.call('HSET', KEYS[1], 'status', 'queued')
+backlog(KEYS[1], ARGV[1], true)
 local fields = redis.call('HMGET', KEYS[1], 'queue', 'message')
 redis.call('RPUSH', fields[1], fields[2])
+redis.call('PUBLISH', 'tide:wakeup', fields[1])
 return 'requeued'
 """
+)
 
 
 @dataclass
@@ -184,6 +228,7 @@ if redis.call('HGET', KEYS[3], 'status') ~= 'queued' then return 0 end
 if redis.call('HDEL', KEYS[1], ARGV[1]) == 0 then return 0 end
 redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('RPUSH', KEYS[4], ARGV[2])
+redis.call('PUBLISH', 'tide:wakeup', KEYS[4])
 return 1
 """
 
@@ -279,7 +324,9 @@ class JobStore:
         return bool(self._requeue(keys=[Keys.job(job_id), Keys.leases], args=[token, job_id]))
 
     def cancel(self, job_id: str, tenant: str) -> str:
-        res = self._cancel(keys=[Keys.job(job_id), Keys.tenant_active(tenant)], args=[time.time()])
+        res = self._cancel(
+            keys=[Keys.job(job_id), Keys.tenant_active(tenant)], args=[time.time(), job_id]
+        )
         return res.decode() if isinstance(res, bytes) else res
 
     def reap(self, max_attempts: int, now: float | None = None) -> dict[str, str]:

@@ -83,6 +83,11 @@ class Keys:
         return f"tide:worker:{worker_id}"
 
     @staticmethod
+    def drain(worker_id: str) -> str:
+        """Set by the controller: the worker stops taking jobs, finishes, exits."""
+        return f"tide:drain:{worker_id}"
+
+    @staticmethod
     def file(file_id: str) -> str:
         return f"tide:file:{file_id}"
 
@@ -103,6 +108,15 @@ class Keys:
     def tenant_batches(tenant: str) -> str:
         return f"tide:tenant:{tenant}:batches"  # zset batch_id -> created_at
 
+    @staticmethod
+    def backlog(bucket: str) -> str:
+        """Zset of queued job ids (score: created_at); see infra/backlog.py."""
+        return f"tide:backlog:{bucket}"
+
+    backlog_tokens = "tide:backlog_tokens"  # hash bucket -> prompt + max tokens of queued jobs
+    arrived_tokens = "tide:arrived_tokens"  # hash bucket -> tokens ever enqueued (a counter)
+    arrived_jobs = "tide:arrived_jobs"  # hash bucket -> jobs ever enqueued (a counter)
+    controller = "tide:controller"  # hash: the controller's metrics_url, last decision time
     active_batches = "tide:batches:active"  # set of batches the supervisor follows
     leases = "tide:leases"  # zset job_id -> lease expiry (unix seconds)
     workers = "tide:workers"  # zset worker_id -> last heartbeat

@@ -47,6 +47,12 @@ class Settings(BaseSettings):
     max_requests_per_second_per_tenant: int = 1_000
     max_queue_length: int = 100_000  # per bucket queue
 
+    # Gateway: Redis connections (each open SSE stream holds one while it waits).
+    gateway_redis_connections: int = Field(1000, ge=8, le=9000)
+    gateway_redis_wait_seconds: float = Field(
+        10.0, gt=0, description="a request waits this long for a connection, then 503"
+    )
+
     # Files and batches.
     storage_url: str = Field(
         "", description="'' = a local folder under data_dir; s3://bucket/prefix for S3"
@@ -59,6 +65,21 @@ class Settings(BaseSettings):
         120.0, description="re-send a batch's validate/finalize task stuck this long"
     )
 
+    # Worker metrics (Prometheus, docs/observability.md).
+    worker_metrics_port: int = Field(
+        0, ge=-1, le=65535, description="0 = pick a free port; -1 = no metrics server"
+    )
+    worker_metrics_host: str = Field(
+        "127.0.0.1", description="bind address; 0.0.0.0 advertises the host name instead"
+    )
+    worker_device: str = Field(
+        "", description="device table entry for MFU/MBU peaks (infra/devices.py); '' = detect"
+    )
+    worker_peak_flops: float | None = Field(None, gt=0, description="FLOP/s; overrides detection")
+    worker_peak_bandwidth: float | None = Field(
+        None, gt=0, description="memory bytes/s; overrides detection"
+    )
+
     # Reliability.
     lease_seconds: float = 5.0
     max_attempts: int = 3
@@ -67,6 +88,11 @@ class Settings(BaseSettings):
     job_ttl_seconds: int = 7 * 24 * 3600
     worker_heartbeat_seconds: float = 2.0
     drain_timeout: float = 60.0
+    instance_id: str = Field("", description="EC2 instance id (user data sets it from IMDS)")
+    aws_region: str = "us-east-1"
+    aws_asg_name: str = Field("", description="the worker's Auto Scaling group (user data)")
+    aws_lifecycle_hook: str = Field("", description="termination hook to complete after a drain")
+    aws_imds_url: str = "http://169.254.169.254"
 
     @field_validator("bucket_medium_max")
     @classmethod

@@ -76,3 +76,46 @@ def redis_client(redis_server: EmbeddedRedis) -> Iterator[redis.Redis]:
     client.flushdb()
     yield client
     client.close()
+
+
+@pytest.fixture(scope="module")
+def moto_url() -> Iterator[str]:
+    """A moto server (AWS emulator) on loopback, one per test module (each module starts from
+    an empty account), with fake credentials in the environment."""
+    import shutil
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+
+    from infra.redis_server import free_port
+
+    exe = shutil.which("moto_server") or os.path.join(
+        os.path.dirname(sys.executable), "moto_server"
+    )
+    if not os.path.exists(exe):
+        pytest.skip("moto_server is not installed")
+    port = free_port()
+    env = dict(os.environ, MOTO_IAM_LOAD_MANAGED_POLICIES="true")  # AWS-managed IAM policies
+    proc = subprocess.Popen(
+        [exe, "-H", "127.0.0.1", "-p", str(port)],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            httpx.get(f"{url}/moto-api/", timeout=1)
+            break
+        except httpx.HTTPError:
+            if time.monotonic() > deadline or proc.poll() is not None:
+                proc.kill()
+                pytest.fail("moto_server did not start")
+            time.sleep(0.1)
+    os.environ.update(
+        AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1"
+    )
+    yield url
+    proc.terminate()
+    proc.wait()

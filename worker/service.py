@@ -28,12 +28,17 @@ from infra.protocol import JobMessage, JobStatus, Keys, Priority, consume_order
 from infra.settings import Settings
 from worker.engine import LLMEngine, RequestOutput, SamplingParams
 from worker.engine import Priority as EnginePriority
+from worker.metrics import WorkerMetrics
 
 log = logging.getLogger(__name__)
 
 LEASE_REFRESH_SECONDS = 0.5  # also how fast a cancel reaches a running job
 BATCH_EVERY = 8  # at most this many interactive jobs taken in a row while batch work waits
-IDLE_WAIT_SECONDS = 0.02  # the longest an idle worker waits before polling again
+IDLE_WAIT_SECONDS = 0.02  # the longest an idle worker waits for a wake-up per loop turn
+# After a poll finds every queue empty, the next poll waits for a wake-up (every enqueue
+# and re-queue publishes one) or this long, so a busy engine does not spend each step
+# polling six empty queues.
+EMPTY_RECHECK_SECONDS = 0.25
 FINISH_STATUS = {"stop": JobStatus.COMPLETED, "length": JobStatus.COMPLETED}
 
 
@@ -47,6 +52,7 @@ class HeldJob:
     streams: bool = True  # batch jobs publish no per-step deltas: nobody follows them live
     first_token_at: float | None = None
     completion_tokens: int = 0
+    work: int = 0  # prompt + max tokens: what the queue counted as backlog
     text_parts: list[str] = field(default_factory=list)
 
 
@@ -81,6 +87,12 @@ class WorkerService:
         self._last_tokens = (time.monotonic(), 0)
         self.wakeups = self._subscribe()
         self._interactive_streak = 0
+        self._queues_empty_at: float | None = None  # when a poll last found nothing
+        self.metrics = WorkerMetrics.for_engine(engine, pool, settings)
+        self.metrics_url = ""  # set when the metrics endpoint starts (run)
+        self._served_work = 0  # prompt + max tokens of jobs finished, for the controller
+        self._last_served = (time.monotonic(), 0)
+        self._idle_since: float | None = time.time()
 
     def _subscribe(self) -> redis.client.PubSub:
         pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
@@ -102,6 +114,9 @@ class WorkerService:
 
     def run(self) -> None:
         log.info("worker %s serving %s", self.worker_id, ", ".join(self.queue_names))
+        if self.settings.worker_metrics_port >= 0:
+            host, port = self.settings.worker_metrics_host, self.settings.worker_metrics_port
+            self.metrics_url = self.metrics.serve(host, port)
         try:
             while not self.stopped:
                 try:
@@ -128,7 +143,8 @@ class WorkerService:
             self._handle(self.engine.step())
         else:
             # Idle: sleep until the gateway announces a new job (or 20 ms pass).
-            self.wakeups.get_message(timeout=IDLE_WAIT_SECONDS)
+            if self.wakeups.get_message(timeout=IDLE_WAIT_SECONDS) is not None:
+                self._queues_empty_at = None
         return True
 
     def _reconnect(self) -> None:
@@ -157,6 +173,7 @@ class WorkerService:
         self.held.clear()
         with contextlib.suppress(Exception):
             self.conn.release()
+        self.metrics.close()
 
     # -- taking work -------------------------------------------------------------------
 
@@ -183,16 +200,30 @@ class WorkerService:
         max_seqs = self.engine.config.max_num_seqs
         while True:
             if self.prefetched is None:
-                if self.engine.scheduler.num_unfinished >= max_seqs:
+                if self.engine.scheduler.num_unfinished >= max_seqs or not self._worth_polling():
                     return
                 self.prefetched = self._poll()
                 if self.prefetched is None:
+                    self._queues_empty_at = time.monotonic()
                     return
+                self._queues_empty_at = None
             message, job = self.prefetched
             if not self.engine.can_admit(job.prompt_tokens, job.max_tokens):
                 return
             self.prefetched = None
             self._start(message, job)
+
+    def _worth_polling(self) -> bool:
+        """Poll again only after a wake-up, or EMPTY_RECHECK_SECONDS after an empty poll."""
+        if self._queues_empty_at is None:
+            return True
+        woken = False
+        while self.wakeups.get_message(timeout=0) is not None:  # drain pending wake-ups
+            woken = True
+        if woken or time.monotonic() - self._queues_empty_at >= EMPTY_RECHECK_SECONDS:
+            self._queues_empty_at = None
+            return True
+        return False
 
     def _release_prefetched(self) -> None:
         if self.prefetched is None:
@@ -215,7 +246,9 @@ class WorkerService:
             job.job_id, token, record.get("tenant", ""), message, bool(record.get("webhook_url")),
             streams=record.get("priority") != Priority.BATCH,
         )  # fmt: skip
+        held.work = job.prompt_tokens + job.max_tokens
         self.held[job.job_id] = held
+        self._idle_since = None
         try:
             params = SamplingParams(**_sampling(record))
             prio = (
@@ -224,6 +257,7 @@ class WorkerService:
                 else EnginePriority.INTERACTIVE
             )
             self.engine.add_request(job.job_id, _ids(record), params, prio)
+            self.metrics.track(job.job_id, float(record.get("created_at") or 0))
         except (ValueError, TypeError, KeyError) as e:
             self._finish(held, JobStatus.FAILED, error=f"rejected by the worker: {e}")
 
@@ -277,6 +311,9 @@ class WorkerService:
         if error:
             fields["error"] = error
         self.held.pop(held.job_id, None)
+        self._served_work += held.work
+        if not self.held:
+            self._idle_since = time.time()
         won = self.store.finish(held.job_id, held.token, held.tenant, status, **fields)
         if won:
             events = Keys.events(held.job_id)
@@ -316,10 +353,14 @@ class WorkerService:
 
     def _heartbeat(self, now: float) -> None:
         stats = self.engine.stats()
+        self.metrics.sync(stats)
         then, tokens = self._last_tokens
         produced = stats["generation_tokens"] - tokens
         rate = produced / (now - then) if now > then else 0.0
         self._last_tokens = (now, stats["generation_tokens"])
+        then, served = self._last_served
+        served_rate = (self._served_work - served) / (now - then) if now > then else 0.0
+        self._last_served = (now, self._served_work)
         info = {
             "worker_id": self.worker_id,
             "pool": self.pool,
@@ -333,7 +374,12 @@ class WorkerService:
             "kv_cache_usage": round(stats["kv_cache_usage"], 4),
             "tokens_per_s": round(rate, 2),
             "draining": int(self.draining),
-            "metrics_url": "",
+            "state": "draining" if self.draining else "ready",
+            "served_tokens_per_s": round(served_rate, 2),
+            "served_work_total": self._served_work,
+            "idle_since": "" if self._idle_since is None else self._idle_since,
+            "instance_id": self.settings.instance_id,
+            "metrics_url": self.metrics_url,
             "at": time.time(),
         }
         ttl = max(int(3 * self.settings.worker_heartbeat_seconds), 2)
@@ -341,7 +387,10 @@ class WorkerService:
         pipe.hset(Keys.worker(self.worker_id), mapping=info)
         pipe.expire(Keys.worker(self.worker_id), ttl)
         pipe.zadd(Keys.workers, {self.worker_id: time.time()})
-        pipe.execute()
+        pipe.exists(Keys.drain(self.worker_id))
+        if pipe.execute()[-1] and not self.draining:
+            log.info("worker %s: drain requested by the controller", self.worker_id)
+            self.drain()
 
 
 def _sampling(record: dict[str, str]) -> dict[str, Any]:

@@ -8,7 +8,8 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from gateway.deps import StateDep
-from gateway.metrics import QUEUE_DEPTH, registry
+from gateway.metrics import BACKLOG, QUEUE_DEPTH, registry
+from infra.backlog import read_backlog_async
 from infra.protocol import BUCKETS, Priority, queue_name
 
 router = APIRouter(tags=["health"])
@@ -34,14 +35,16 @@ def readyz(state: StateDep) -> JSONResponse:
 
 
 @router.get("/metrics", response_class=PlainTextResponse)
-def metrics(state: StateDep) -> Response:
+async def metrics(state: StateDep) -> Response:
+    """Prometheus text; queue lengths and the backlog per bucket are read now, from Redis."""
     names = [queue_name(b, p) for b in BUCKETS for p in Priority]
     try:
-        pipe = state.redis.pipeline(transaction=False)
+        pipe = state.aredis.pipeline(transaction=False)
         for name in names:
             pipe.llen(name)
-        for name, depth in zip(names, pipe.execute(), strict=True):
+        for name, depth in zip(names, await pipe.execute(), strict=True):
             QUEUE_DEPTH.labels(name).set(depth)
+        BACKLOG.latest = await read_backlog_async(state.aredis)
     except redis.RedisError:
-        pass
+        BACKLOG.latest = {}  # no stale numbers while Redis is away
     return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)

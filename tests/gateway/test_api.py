@@ -181,3 +181,45 @@ def test_chat_without_a_template_is_a_clear_400(redis_server, redis_client, tiny
         r = c.post("/v1/jobs", json={"messages": [{"role": "user", "content": "hi"}]}, headers=A)
         assert r.status_code == 400 and "has no chat template" in r.json()["error"]["message"]
         assert not redis_client.keys("tide:job:*")
+
+
+def test_redis_down_is_a_503_with_retry_after_not_a_500(tiny_path):
+    from infra.redis_server import free_port
+
+    dead = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens here
+    settings = Settings(redis_url=dead, model=str(tiny_path))
+    with TestClient(create_app(settings), raise_server_exceptions=False) as c:
+        r = c.post("/v1/jobs", json={"prompt": "hi", "max_tokens": 4})
+    assert r.status_code == 503, r.text
+    assert r.headers["retry-after"] == "1"
+    assert "job store unavailable" in r.json()["error"]["message"]
+
+
+def test_connection_pool_waits_for_a_free_connection_then_gives_up(redis_server):
+    import asyncio
+
+    from gateway.app import _async_pool
+
+    settings = Settings(
+        redis_url=redis_server.url, gateway_redis_connections=8, gateway_redis_wait_seconds=0.3
+    )
+    pool = _async_pool(settings)
+
+    async def scenario() -> tuple[bool, str]:
+        held = [await pool.get_connection() for _ in range(8)]  # e.g. 8 open event streams
+        waiter = asyncio.create_task(pool.get_connection())
+        await asyncio.sleep(0.1)
+        assert not waiter.done()  # the ninth waits instead of failing at once
+        await pool.release(held.pop())
+        conn = await asyncio.wait_for(waiter, 1)  # ... and gets the freed connection
+        await pool.release(conn)
+        try:
+            await asyncio.gather(*(pool.get_connection() for _ in range(2)))
+            return False, ""
+        except Exception as e:  # the pool is exhausted past the wait: a clear error
+            return True, type(e).__name__
+        finally:
+            await pool.disconnect()
+
+    gave_up, kind = asyncio.run(scenario())
+    assert gave_up and kind == "ConnectionError"

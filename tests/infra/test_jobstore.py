@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+from infra.backlog import read_backlog
 from infra.jobstore import JobStore, NewJob
 from infra.protocol import JobStatus, Keys
 
@@ -87,3 +88,44 @@ def test_a_message_taken_but_never_started_goes_back(redis_client, redis_server)
     kombu.Queue(q, channel=dead.default_channel).get(no_ack=False)  # a started job's copy
     assert store.restore_stranded(older_than=10, now=time.time() + 11) == []
     dead.release()
+
+
+def _create_sized(store: JobStore, job_id: str, bucket: str, prompt: int, max_tokens: int) -> None:
+    fields = {
+        "id": job_id, "tenant": "t", "status": "queued", "created_at": time.time(),
+        "bucket": bucket, "prompt_tokens": prompt, "max_tokens": max_tokens,
+    }  # fmt: skip
+    store.create(NewJob(fields, f"tide.{bucket}.interactive", "msg", None, 100, 100, 100, 3600))
+
+
+def test_backlog_counts_queued_work_through_every_transition(redis_client):
+    store = JobStore(redis_client)
+    _create_sized(store, "job_a", "short", 10, 5)
+    _create_sized(store, "job_b", "short", 20, 7)
+    _create_sized(store, "job_c", "long", 9000, 100)
+    b = read_backlog(redis_client)
+    assert (b["short"].jobs, b["short"].tokens) == (2, 42)
+    assert (b["long"].jobs, b["long"].tokens) == (1, 9100)
+    assert (b["medium"].jobs, b["medium"].tokens) == (0, 0)
+    assert b["short"].arrived_jobs == 2 and b["short"].arrived_tokens == 42
+    assert 0 <= b["short"].oldest_age_s < 5
+
+    _, token, _ = store.acquire("job_a", "w1", 5)  # started: no longer backlog
+    assert (read_backlog(redis_client)["short"].tokens) == 27
+    assert store.requeue("job_a", token)  # drained: backlog again, counted once
+    assert store.requeue("job_a", token) is False
+    assert read_backlog(redis_client)["short"].tokens == 42
+    _, token, _ = store.acquire("job_a", "w1", 0.01)
+    assert store.reap(max_attempts=3, now=time.time() + 1) == {"job_a": "requeued"}
+    assert (
+        read_backlog(redis_client)["short"].jobs,
+        read_backlog(redis_client)["short"].tokens,
+    ) == (
+        2,
+        42,
+    )
+    assert store.cancel("job_b", "t") == "cancelled"
+    assert store.cancel("job_b", "t") == "cancelled"  # a second cancel changes nothing
+    b = read_backlog(redis_client)
+    assert (b["short"].jobs, b["short"].tokens) == (1, 15)
+    assert b["short"].arrived_jobs == 2  # arrivals are a counter, never decremented

@@ -2,45 +2,11 @@
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 
-import httpx
 import pytest
 
-from infra.redis_server import free_port
 from infra.storage import LocalStorage, S3Storage
-
-
-@pytest.fixture(scope="module")
-def moto_url() -> Iterator[str]:
-    exe = shutil.which("moto_server") or os.path.join(
-        os.path.dirname(sys.executable), "moto_server"
-    )
-    if not os.path.exists(exe):
-        pytest.skip("moto_server is not installed")
-    port = free_port()
-    proc = subprocess.Popen(
-        [exe, "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            httpx.get(url, timeout=1)
-            break
-        except httpx.HTTPError:
-            time.sleep(0.1)
-    os.environ.update(
-        AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1"
-    )
-    yield url
-    proc.terminate()
-    proc.wait()
 
 
 def chunks(total_mb: int) -> Iterator[bytes]:

@@ -23,6 +23,9 @@ class EngineConfig:
     num_kv_blocks: int | None = None
     enable_prefix_caching: bool = True
     attention_backend: str = "auto"  # auto (Triton on CUDA) | torch | triton
+    # continuous: admit whenever there is room. static: admit only into an empty engine,
+    # then run that batch to completion (HF-generate-style; a baseline for benchmarks).
+    batching: str = "continuous"
 
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
@@ -41,5 +44,7 @@ class EngineConfig:
             raise ValueError(
                 f"attention_backend must be auto, torch or triton, got {self.attention_backend!r}"
             )
+        if self.batching not in ("continuous", "static"):
+            raise ValueError(f"batching must be continuous or static, got {self.batching!r}")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ValueError(f"num_kv_blocks must be at least 1, got {self.num_kv_blocks}")

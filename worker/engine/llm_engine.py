@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +44,45 @@ class RequestOutput:
     timings: RequestTimings | None = None
 
 
+@dataclass
+class StepStats:
+    """What one model step did, for metrics (worker/metrics.py turns it into MFU/MBU).
+
+    kv_tokens_read: KV positions attention read (each row's whole context);
+    attn_context_sum: over every token, the positions it attended to (its FLOPs).
+    """
+
+    num_seqs: int = 0
+    num_sampled: int = 0
+    num_decode_tokens: int = 0  # one-token rows of requests past their prompt
+    num_prefill_tokens: int = 0  # prompt chunks, and recomputation after a preemption
+    kv_tokens_read: int = 0
+    attn_context_sum: int = 0
+    duration_s: float = 0.0
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_decode_tokens + self.num_prefill_tokens
+
+    @property
+    def kind(self) -> str:
+        if not self.num_prefill_tokens:
+            return "decode"
+        return "prefill" if not self.num_decode_tokens else "mixed"
+
+    def add(self, num_tokens: int, start_pos: int, is_decode: bool) -> None:
+        self.num_seqs += 1
+        if is_decode:
+            self.num_decode_tokens += num_tokens
+        else:
+            self.num_prefill_tokens += num_tokens
+        self.kv_tokens_read += start_pos + num_tokens
+        self.attn_context_sum += num_tokens * start_pos + num_tokens * (num_tokens + 1) // 2
+
+
+StepHook = Callable[[StepStats | None, list[RequestOutput]], None]
+
+
 class LLMEngine:
     def __init__(
         self, model: LlamaModel, tokenizer: Tokenizer | None, config: EngineConfig | None = None
@@ -68,6 +108,9 @@ class LLMEngine:
         self._pending: list[RequestOutput] = []
         self._arrivals = itertools.count()
         self.counters = {"prompt_tokens": 0, "generation_tokens": 0, "steps": 0}
+        self.model_name = "model"  # from_pretrained sets the name it was given
+        self.last_step: StepStats | None = None  # None when the last step ran no model
+        self.on_step: StepHook | None = None  # called after every step (worker metrics)
 
     @classmethod
     def from_pretrained(
@@ -77,7 +120,9 @@ class LLMEngine:
         from worker.models.loader import load_model
 
         folder = resolve_model_path(model)
-        return cls(load_model(folder, dtype, device), Tokenizer(folder), EngineConfig(**config))
+        engine = cls(load_model(folder, dtype, device), Tokenizer(folder), EngineConfig(**config))
+        engine.model_name = model
+        return engine
 
     # -- admission ---------------------------------------------------------------
 
@@ -153,6 +198,16 @@ class LLMEngine:
     # -- the loop ----------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
+        start = time.perf_counter()
+        self.last_step = None
+        outputs = self._step()
+        if self.last_step is not None:
+            self.last_step.duration_s = time.perf_counter() - start
+        if self.on_step is not None:
+            self.on_step(self.last_step, outputs)
+        return outputs
+
+    def _step(self) -> list[RequestOutput]:
         outputs, self._pending = self._pending, []
         sched = self.scheduler.schedule()
         if sched.is_empty:
@@ -165,8 +220,11 @@ class LLMEngine:
             for s in sched.scheduled:
                 self._finish(self.requests[s.request_id], "error", f"model step failed: {e}")
             return outputs + self._pending_take()
+        stats = StepStats(num_sampled=len(result.sampled_ids))
         for s in sched.scheduled:
             request = self.requests[s.request_id]
+            is_decode = s.num_tokens == 1 and s.start_pos >= request.num_prompt_tokens
+            stats.add(s.num_tokens, s.start_pos, is_decode)
             request.num_computed_tokens += s.num_tokens
             n_prompt = request.num_prompt_tokens
             self.counters["prompt_tokens"] += max(
@@ -175,6 +233,7 @@ class LLMEngine:
             self.block_manager.cache_full_blocks(request)
         params = [self.requests[i].params for i in result.sampled_ids]
         tokens = self.sampler.sample(result.logits, result.sampled_ids, params)
+        self.last_step = stats
         now = time.time()
         for request_id, token in zip(result.sampled_ids, tokens, strict=True):
             request = self.requests[request_id]

@@ -54,10 +54,17 @@ class Scheduler:
         self.waiting: list[Request] = []
         self.running: list[Request] = []
         self.num_preemptions = 0
+        # Static batching: the ids of the batch being run; nothing else is admitted
+        # until it is empty. Running requests are always members.
+        self.static_batch: set[str] = set()
 
     @property
     def num_unfinished(self) -> int:
         return len(self.waiting) + len(self.running)
+
+    @property
+    def is_static(self) -> bool:
+        return self.config.batching == "static"
 
     def add(self, request: Request) -> None:
         self._insert_waiting(request)
@@ -77,6 +84,8 @@ class Scheduler:
         self, num_prompt_tokens: int, max_tokens: int, prompt_token_ids: list[int] | None = None
     ) -> bool:
         """Would a new request of this size start now: a seq slot and blocks for its prompt."""
+        if self.is_static and self.static_batch:
+            return False  # a static batch is running: new work waits until it is done
         if self.num_unfinished >= self.config.max_num_seqs:
             return False
         bm = self.block_manager
@@ -93,6 +102,10 @@ class Scheduler:
         out = SchedulerOutput()
         budget = self.config.max_num_batched_tokens
         now = time.time()
+        if self.is_static and not self.static_batch:
+            # Seal the next static batch: whatever is waiting now, up to max_num_seqs.
+            batch = self.waiting[: self.config.max_num_seqs]
+            self.static_batch = {r.request_id for r in batch}
         # Running requests first, decodes before partial prefills, so a long prompt
         # being chunked never stalls the sequences that are already generating.
         ordered = sorted(self.running, key=lambda r: r.num_tokens - r.num_computed_tokens > 1)
@@ -130,14 +143,16 @@ class Scheduler:
 
     def _admit_waiting(self, out: SchedulerOutput, budget: int, now: float) -> int:
         bm = self.block_manager
-        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
-            request = self.waiting[0]
+        while budget > 0 and len(self.running) < self.config.max_num_seqs:
+            request = self._next_admissible()
+            if request is None:
+                break
             hits = bm.get_computed_blocks(request)
             num_cached = len(hits) * bm.block_size
             num_new = min(request.num_tokens - num_cached, budget)
             if not bm.allocate_slots(request, num_new, hits):
                 break
-            self.waiting.pop(0)
+            self.waiting.remove(request)
             request.num_computed_tokens = num_cached
             request.status = RequestStatus.RUNNING
             if request.timings.first_scheduled is None:
@@ -146,6 +161,11 @@ class Scheduler:
             out.scheduled.append(self._scheduled(request, num_new))
             budget -= num_new
         return budget
+
+    def _next_admissible(self) -> Request | None:
+        if not self.is_static:
+            return self.waiting[0] if self.waiting else None
+        return next((r for r in self.waiting if r.request_id in self.static_batch), None)
 
     def _scheduled(self, request: Request, num_new: int) -> ScheduledRequest:
         start = request.num_computed_tokens
@@ -164,4 +184,5 @@ class Scheduler:
         elif request in self.waiting:
             self.waiting.remove(request)
         self.block_manager.free(request)
+        self.static_batch.discard(request.request_id)
         request.status = RequestStatus.FINISHED

@@ -1,0 +1,73 @@
+# The heterogeneous fleet of fleet.example.toml: a control plane and one Auto Scaling group
+# per pool (a small spot pool for short jobs, a big on-demand pool for medium and long
+# ones). Feed it with `tide infra tfvars --fleet fleet.toml -o terraform.tfvars.json`.
+
+data "aws_vpc" "default" {
+  count   = length(var.subnet_ids) == 0 ? 1 : 0
+  default = true
+}
+
+data "aws_subnets" "default" {
+  count = length(var.subnet_ids) == 0 ? 1 : 0
+  filter {
+    name   = "vpc-id"
+    values = [data.aws_vpc.default[0].id]
+  }
+}
+
+locals {
+  subnet_ids = length(var.subnet_ids) > 0 ? var.subnet_ids : sort(data.aws_subnets.default[0].ids)
+}
+
+data "aws_subnet" "first" {
+  id = local.subnet_ids[0]
+}
+
+module "control_plane" {
+  source = "../../modules/control_plane"
+
+  name_prefix           = var.name_prefix
+  vpc_id                = data.aws_subnet.first.vpc_id
+  subnet_ids            = local.subnet_ids
+  ami_id                = var.ami_id
+  tide_package          = var.tide_package
+  fleet_toml            = var.fleet_toml
+  cloudwatch_namespace  = var.cloudwatch_namespace
+  environment           = var.environment
+  env_ssm_parameter     = var.env_ssm_parameter
+  redis_backend         = var.redis_backend
+  gateway_ingress_cidrs = var.gateway_ingress_cidrs
+  bucket_force_destroy  = var.bucket_force_destroy
+}
+
+module "pool" {
+  source   = "../../modules/worker_pool"
+  for_each = var.pools
+
+  name_prefix                 = var.name_prefix
+  pool_name                   = each.key
+  buckets                     = each.value.buckets
+  instance_types              = each.value.instance_types
+  min_size                    = each.value.min_size
+  max_size                    = each.value.max_size
+  spot                        = each.value.spot
+  on_demand_base              = each.value.on_demand_base
+  warm_pool_size              = each.value.warm_pool_size
+  drain_timeout_s             = each.value.drain_timeout_s
+  model                       = each.value.model
+  worker_args                 = each.value.worker_args
+  target_tracking             = each.value.target_tracking
+  target_backlog_per_instance = each.value.target_backlog_per_instance
+
+  ami_id               = var.ami_id
+  subnet_ids           = local.subnet_ids
+  security_group_ids   = [module.control_plane.worker_security_group_id]
+  redis_url            = module.control_plane.redis_url
+  model_bucket_arns    = [module.control_plane.bucket_arn]
+  tide_package         = var.tide_package
+  cloudwatch_namespace = var.cloudwatch_namespace
+  environment          = var.environment
+  env_ssm_parameter    = var.env_ssm_parameter
+  root_volume_size_gb  = var.worker_root_volume_gb
+  tags                 = { Device = each.value.device }
+}

@@ -1,0 +1,112 @@
+# Written by `tide infra tfvars` from fleet.toml (terraform.tfvars.json) ----------------
+
+variable "region" {
+  description = "AWS region ([aws] region)."
+  type        = string
+}
+
+variable "name_prefix" {
+  description = "Prefix of every name ([aws] name_prefix); ASGs are <name_prefix>-<pool>."
+  type        = string
+}
+
+variable "ami_id" {
+  description = "AMI of every host ([aws] ami_id): NVIDIA drivers and Python 3.11+."
+  type        = string
+}
+
+variable "subnet_ids" {
+  description = "Subnets ([aws] subnet_ids); empty uses the default VPC's subnets."
+  type        = list(string)
+}
+
+variable "cloudwatch_namespace" {
+  description = "CloudWatch namespace of Tide's metrics ([aws] cloudwatch_namespace)."
+  type        = string
+}
+
+variable "tide_package" {
+  description = "pip requirement the hosts install ([aws] tide_package)."
+  type        = string
+}
+
+variable "fleet_toml" {
+  description = "The fleet file itself, for the controller host."
+  type        = string
+}
+
+variable "pools" {
+  description = "Worker pools by name, exactly as `tide infra tfvars` renders them from [pools.*]."
+  type = map(object({
+    buckets                     = list(string)
+    device                      = string
+    instance_types              = list(string)
+    min_size                    = number
+    max_size                    = number
+    spot                        = bool
+    on_demand_base              = number
+    warm_pool_size              = number
+    drain_timeout_s             = number
+    model                       = string
+    worker_args                 = list(string)
+    target_tracking             = bool
+    target_backlog_per_instance = number
+  }))
+
+  validation {
+    condition     = length(var.pools) > 0
+    error_message = "pools: declare at least one pool."
+  }
+}
+
+# Deployment choices (not in fleet.toml) ------------------------------------------------
+
+variable "redis_backend" {
+  description = "\"elasticache\" (replication group with a replica; no AOF) or \"instance\" (Redis with AOF on an EC2 host)."
+  type        = string
+  default     = "elasticache"
+}
+
+variable "gateway_ingress_cidrs" {
+  description = "CIDR blocks that may reach the gateway; empty: none from outside the VPC's security groups."
+  type        = list(string)
+  default     = []
+}
+
+variable "environment" {
+  description = "Extra TIDE_* settings for every host (not secrets: see env_ssm_parameter)."
+  type        = map(string)
+  default     = {}
+}
+
+variable "env_ssm_parameter" {
+  description = "SSM SecureString parameter with KEY=VALUE secret settings (API keys, webhook secrets); \"\" for none."
+  type        = string
+  default     = ""
+}
+
+variable "bucket_force_destroy" {
+  description = "Let destroy delete the files bucket with objects in it (tests only)."
+  type        = bool
+  default     = false
+}
+
+variable "worker_root_volume_gb" {
+  description = "Root volume of each worker in GiB (Tide, torch, the model)."
+  type        = number
+  default     = 200
+}
+
+# Provider overrides for tests (moto); leave unset for AWS ------------------------------
+
+variable "aws_endpoint_url" {
+  description = "One endpoint for every AWS service (a moto server in tests); null for AWS itself."
+  type        = string
+  default     = null
+}
+
+variable "aws_skip_checks" {
+  description = "Skip the provider's credential and EC2 metadata checks (fake credentials in tests)."
+  type        = bool
+  default     = false
+}
