@@ -324,10 +324,12 @@ def validate_batch(batch_id: str) -> str:
         )
         return "failed"
     total = fan_out(batch, file)  # type: ignore[arg-type]
+    refused = sum(1 for v in client.hvals(Keys.batch_lines(batch_id)) if v.startswith(b"error:"))
     client.sadd(Keys.active_batches, batch_id)
     batches.transition(
-        batch_id, ["validating"], status="in_progress", in_progress_at=time.time(), total=total
-    )
+        batch_id, ["validating"], status="in_progress", in_progress_at=time.time(), total=total,
+        refused=refused,
+    )  # fmt: skip
     return "in_progress"
 
 
@@ -361,6 +363,10 @@ def _cancel_queued(client: redis.Redis, jobs: JobStore, batch_id: str, tenant: s
             jobs.cancel(job_id, tenant)
 
 
+FULL_PASS_SECONDS = 30.0  # read every line's status at least this often (counters' check)
+_last_full_pass: dict[str, float] = {}
+
+
 def supervise_batches(now: float | None = None) -> None:
     """One pass over active batches: counts, cancel, expiry, and the start of finalization."""
     settings, client, batches, _, jobs = _handles()
@@ -371,6 +377,7 @@ def supervise_batches(now: float | None = None) -> None:
         batch = batches.get(batch_id)
         if batch is None:
             client.srem(Keys.active_batches, batch_id)
+            _last_full_pass.pop(batch_id, None)
             continue
         status = batch["status"]
         if status in ("validating", "cancelling") and not batch.get("total"):
@@ -382,12 +389,20 @@ def supervise_batches(now: float | None = None) -> None:
             continue
         if status in ("failed", "cancelled"):
             client.srem(Keys.active_batches, batch_id)
+            _last_full_pass.pop(batch_id, None)
             continue
-        states = _line_states(client, batch_id, int(batch.get("total") or 0))
-        completed = states.count("completed")
-        terminal = sum(1 for s in states if s == "error" or JobStatus(s).is_terminal)
+        total = int(batch.get("total") or 0)
+        counted = int(batch.get("jobs_terminal") or 0) + int(batch.get("refused") or 0)
+        if counted < total and now - _last_full_pass.get(batch_id, 0.0) < FULL_PASS_SECONDS:
+            # The job scripts count terminal jobs: no need to read every line's status.
+            completed, terminal = int(batch.get("jobs_completed") or 0), counted
+        else:  # done by the counters, or time to check them against the records
+            _last_full_pass[batch_id] = now
+            states = _line_states(client, batch_id, total)
+            completed = states.count("completed")
+            terminal = sum(1 for s in states if s == "error" or JobStatus(s).is_terminal)
         batches.update(batch_id, completed=completed, failed=terminal - completed)
-        if terminal == len(states) and status in ("in_progress", "cancelling"):
+        if terminal == total and status in ("in_progress", "cancelling"):
             moved = batches.transition(
                 batch_id, [status], status="finalizing", finalizing_at=now, finalize_sent_at=now
             )

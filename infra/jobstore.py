@@ -37,6 +37,18 @@ local function backlog(jobkey, job_id, add)
   end
   return tokens
 end
+
+-- A batch job reaching a terminal state counts once in its batch's record, so the batch
+-- supervisor need not read every line's status each pass (infra/batches.py).
+local function batch_terminal(jobkey, status)
+  local b = redis.call('HGET', jobkey, 'batch_id')
+  if b and b ~= '' then
+    redis.call('HINCRBY', 'tide:batch:' .. b, 'jobs_terminal', 1)
+    if status == 'completed' then
+      redis.call('HINCRBY', 'tide:batch:' .. b, 'jobs_completed', 1)
+    end
+  end
+end
 """
 
 _CREATE = (
@@ -98,15 +110,25 @@ redis.call('HSET', KEYS[1], unpack(ARGV, 2))
 return 1
 """
 
-_FINISH = """
+# ARGV: lease token, job id, events TTL (0: no 'done' event), then field/value pairs with
+# 'status' first. The 'done' event is written only by the holder that won.
+_FINISH = (
+    _BACKLOG_LUA
+    + """
 if redis.call('HGET', KEYS[1], 'lease_token') ~= ARGV[1] then return 0 end
 if redis.call('HGET', KEYS[1], 'status') ~= 'in_progress' then return 0 end
-redis.call('HSET', KEYS[1], unpack(ARGV, 3))
+redis.call('HSET', KEYS[1], unpack(ARGV, 4))
 redis.call('HDEL', KEYS[1], 'lease_token')
 redis.call('ZREM', KEYS[2], ARGV[2])
 redis.call('DECR', KEYS[3])
+batch_terminal(KEYS[1], ARGV[5])
+if tonumber(ARGV[3]) > 0 then
+  redis.call('XADD', KEYS[4], '*', 'type', 'done', 'status', ARGV[5])
+  redis.call('EXPIRE', KEYS[4], ARGV[3])
+end
 return 1
 """
+)
 
 _REQUEUE = (
     _BACKLOG_LUA
@@ -134,6 +156,7 @@ if st == 'queued' then
              'finish_reason', 'abort')
   redis.call('DECR', KEYS[2])
   backlog(KEYS[1], ARGV[2], false)
+  batch_terminal(KEYS[1], 'cancelled')
   return 'cancelled'
 end
 if st == 'in_progress' then
@@ -156,6 +179,7 @@ if redis.call('HGET', KEYS[1], 'cancel_requested') == '1' then
   redis.call('HSET', KEYS[1], 'status', 'cancelled', 'finished_at', ARGV[2],
              'finish_reason', 'abort')
   redis.call('DECR', KEYS[3])
+  batch_terminal(KEYS[1], 'cancelled')
   return 'cancelled'
 end
 local attempts = tonumber(redis.call('HGET', KEYS[1], 'attempts') or '0')
@@ -163,6 +187,7 @@ if attempts >= tonumber(ARGV[3]) then
   redis.call('HSET', KEYS[1], 'status', 'failed', 'finished_at', ARGV[2], 'error',
              'worker lost the job ' .. attempts .. ' times (max_attempts ' .. ARGV[3] .. ')')
   redis.call('DECR', KEYS[3])
+  batch_terminal(KEYS[1], 'failed')
   return 'failed'
 end
 redis.call('HSET', KEYS[1], 'status', 'queued')
@@ -300,24 +325,36 @@ class JobStore:
             for j, v in zip(leases, out, strict=True)
         }
 
-    def update(self, job_id: str, token: str, **fields: Any) -> bool:
+    def update(self, job_id: str, token: str, client: Any = None, **fields: Any) -> Any:
+        """Set fields if token still holds the lease (True if it did); with client=a
+        pipeline, queued there."""
         args = [token]
         for k, v in fields.items():
             args += [k, _encode(v)]
+        if client is not None:
+            return self._update(keys=[Keys.job(job_id)], args=args, client=client)
         return bool(self._update(keys=[Keys.job(job_id)], args=args))
 
     def finish(
-        self, job_id: str, token: str, tenant: str, status: JobStatus, **fields: Any
-    ) -> bool:
-        """Terminal state, only from the current lease holder."""
-        args: list[Any] = [token, job_id, "status", status.value]
+        self,
+        job_id: str,
+        token: str,
+        tenant: str,
+        status: JobStatus,
+        events_ttl: int = 0,
+        client: Any = None,
+        **fields: Any,
+    ) -> Any:
+        """Terminal state, only from the current lease holder (True if it was). With
+        events_ttl, also the job's 'done' event. With client=a pipeline, the call is queued
+        there and its result (1 or 0) comes from the pipeline's execute()."""
+        args: list[Any] = [token, job_id, events_ttl, "status", status.value]
         for k, v in fields.items():
             args += [k, _encode(v)]
-        return bool(
-            self._finish(
-                keys=[Keys.job(job_id), Keys.leases, Keys.tenant_active(tenant)], args=args
-            )
-        )
+        keys = [Keys.job(job_id), Keys.leases, Keys.tenant_active(tenant), Keys.events(job_id)]
+        if client is not None:
+            return self._finish(keys=keys, args=args, client=client)
+        return bool(self._finish(keys=keys, args=args))
 
     def requeue(self, job_id: str, token: str) -> bool:
         """Hand a held job back to its queue (drain): it keeps its place near the front."""

@@ -68,6 +68,10 @@ def main() -> None:
     parser.add_argument("--lines", type=int, default=2000)
     parser.add_argument("--model", default=str(STORIES) if STORIES.is_dir() else "dummy:tiny")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--worker-threads", type=int, default=None,
+        help="torch threads in the fleet's worker (OMP_NUM_THREADS); default: torch's choice",
+    )  # fmt: skip
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="tide-bench-batch-"))
     src = tmp / "input.jsonl"
@@ -76,6 +80,8 @@ def main() -> None:
     url = f"http://127.0.0.1:{port}"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TIDE_DATA_DIR": str(tmp / "data")}
     env.pop("REDIS_URL", None)
+    if args.worker_threads:
+        env["OMP_NUM_THREADS"] = str(args.worker_threads)
     argv = [sys.executable, "-m", "infra.cli", "up", "--workers", "1", "--port", str(port)]
     up = subprocess.Popen(
         [*argv, "--model", args.model],

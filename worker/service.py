@@ -1,9 +1,10 @@
 """The worker process: pull jobs from Redis into the engine, step it, write results.
 
-A consumer loop with a stop flag (kombu-style). It takes a message only when the
-engine has a free sequence slot and admits it only when ``engine.can_admit`` says its
-prompt fits; at most one message waits prefetched. Work it cannot start stays in
-Redis, visible to other workers and the controller.
+A consumer loop with a stop flag. It takes messages only for free sequence slots (several
+in one round trip, ``infra.queues.Taker``: kombu's Redis format, without kombu's per-call
+cost) and admits each only when ``engine.can_admit`` says it fits; at most one message
+waits prefetched, the rest go back to the front of their queues. Work it cannot start
+stays in Redis, visible to other workers and the controller.
 """
 
 from __future__ import annotations
@@ -18,8 +19,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import kombu
-import kombu.exceptions
 import redis
 
 from infra import queues
@@ -39,6 +38,7 @@ IDLE_WAIT_SECONDS = 0.02  # the longest an idle worker waits for a wake-up per l
 # and re-queue publishes one) or this long, so a busy engine does not spend each step
 # polling six empty queues.
 EMPTY_RECHECK_SECONDS = 0.25
+TAKE_AT_MOST = 16  # messages taken per round trip (never more than free slots)
 FINISH_STATUS = {"stop": JobStatus.COMPLETED, "length": JobStatus.COMPLETED}
 
 
@@ -47,7 +47,7 @@ class HeldJob:
     job_id: str
     token: str
     tenant: str
-    message: kombu.Message
+    message: queues.Delivery
     has_webhook: bool
     streams: bool = True  # batch jobs publish no per-step deltas: nobody follows them live
     first_token_at: float | None = None
@@ -73,12 +73,10 @@ class WorkerService:
         self.worker_id = worker_id or f"{pool}-{socket.gethostname()}-{os.getpid()}"
         self.redis = redis.Redis.from_url(settings.redis_url)
         self.store = JobStore(self.redis)
-        self.conn = queues.connection(settings.redis_url)
-        channel = self.conn.default_channel
+        self.taker = queues.Taker(self.redis)
         self.queue_names = consume_order(buckets)
-        self.queues = [kombu.Queue(n, channel=channel, no_declare=True) for n in self.queue_names]
         self.held: dict[str, HeldJob] = {}
-        self.prefetched: tuple[kombu.Message, JobMessage] | None = None
+        self.prefetched: tuple[queues.Delivery, JobMessage] | None = None
         self.draining = False
         self.stopped = False
         self._drain_deadline = float("inf")
@@ -122,7 +120,7 @@ class WorkerService:
                 try:
                     if not self._iterate():
                         break
-                except (redis.RedisError, kombu.exceptions.OperationalError, OSError) as e:
+                except (redis.RedisError, OSError) as e:
                     # Redis restarting: keep the engine's work, reconnect, carry on.
                     log.warning("Redis unavailable (%s); retrying in 0.5 s", e)
                     time.sleep(0.5)
@@ -149,13 +147,8 @@ class WorkerService:
 
     def _reconnect(self) -> None:
         with contextlib.suppress(Exception):  # the old connection is already broken
-            self.conn.release()
-        with contextlib.suppress(Exception):
             self.wakeups.close()
         self.wakeups = self._subscribe()
-        self.conn = queues.connection(self.settings.redis_url or "")
-        channel = self.conn.default_channel
-        self.queues = [kombu.Queue(n, channel=channel, no_declare=True) for n in self.queue_names]
 
     def _shutdown(self) -> None:
         try:
@@ -164,54 +157,64 @@ class WorkerService:
                 self.engine.abort(job.job_id)
                 if self.store.requeue(job.job_id, job.token):
                     log.info("re-queued %s at shutdown", job.job_id)
-                job.message.ack()
+                self.taker.ack_now(job.message)
             self.redis.zrem(Keys.workers, self.worker_id)
             self.redis.delete(Keys.worker(self.worker_id))
-        except (redis.RedisError, kombu.exceptions.OperationalError, OSError) as e:
+        except (redis.RedisError, OSError) as e:
             # Held jobs keep their leases; the reaper re-queues them when they expire.
             log.warning("Redis unavailable at shutdown (%s); leases will expire instead", e)
         self.held.clear()
-        with contextlib.suppress(Exception):
-            self.conn.release()
         self.metrics.close()
 
     # -- taking work -------------------------------------------------------------------
 
-    def _poll(self) -> tuple[kombu.Message, JobMessage] | None:
+    def _poll(self, limit: int) -> list[tuple[queues.Delivery, JobMessage]]:
+        """Take up to `limit` messages in one round trip, in consume order."""
         # Interactive before batch, but batch work ages: after BATCH_EVERY interactive
         # takes in a row, batch queues go first once, so they are never starved.
-        order = self.queues
-        if self._interactive_streak >= BATCH_EVERY:
-            order = sorted(self.queues, key=lambda q: not q.name.endswith(".batch"))
-        for queue in order:
-            message = queue.get(no_ack=False)
-            if message is None:
-                continue
-            is_batch = queue.name.endswith(".batch")
-            self._interactive_streak = 0 if is_batch else self._interactive_streak + 1
+        order = self.queue_names
+        aged = self._interactive_streak >= BATCH_EVERY
+        if aged:
+            order = sorted(order, key=lambda q: not q.endswith(".batch"))
+            limit = 1
+        else:  # never take past the point where batch work is due
+            limit = min(limit, BATCH_EVERY - self._interactive_streak)
+        taken = []
+        for d in self.taker.take(order, limit):
+            is_batch = d.queue.endswith(".batch")
+            reset = is_batch or aged  # aged: batch work had its turn (or there was none)
+            self._interactive_streak = 0 if reset else self._interactive_streak + 1
             try:
-                return message, JobMessage.loads(message.payload)
-            except (ValueError, TypeError) as e:
-                log.error("dropping undecodable message on %s: %s", queue.name, e)
-                message.ack()
-        return None
+                taken.append((d, d.job()))
+            except (ValueError, TypeError, KeyError) as e:
+                log.error("dropping undecodable message on %s: %s", d.queue, e)
+                self.taker.ack_now(d)
+        return taken
 
     def _fill(self) -> None:
+        """Start queued jobs while the engine has free slots and can admit them. Takes as
+        many messages as there are free slots; the first that does not fit waits
+        (prefetched, at most one), the rest go back to the front of their queues."""
         max_seqs = self.engine.config.max_num_seqs
         while True:
             if self.prefetched is None:
-                if self.engine.scheduler.num_unfinished >= max_seqs or not self._worth_polling():
+                free = max_seqs - self.engine.scheduler.num_unfinished
+                if free <= 0 or not self._worth_polling():
                     return
-                self.prefetched = self._poll()
-                if self.prefetched is None:
+                taken = self._poll(min(free, TAKE_AT_MOST))
+                if not taken:
                     self._queues_empty_at = time.monotonic()
                     return
                 self._queues_empty_at = None
-            message, job = self.prefetched
-            if not self.engine.can_admit(job.prompt_tokens, job.max_tokens):
-                return
-            self.prefetched = None
-            self._start(message, job)
+            else:
+                taken = [self.prefetched]
+                self.prefetched = None
+            for i, (message, job) in enumerate(taken):
+                if not self.engine.can_admit(job.prompt_tokens, job.max_tokens):
+                    self.prefetched = (message, job)
+                    self.taker.give_back([d for d, _ in taken[i + 1 :]])
+                    return
+                self._start(message, job)
 
     def _worth_polling(self) -> bool:
         """Poll again only after a wake-up, or EMPTY_RECHECK_SECONDS after an empty poll."""
@@ -228,19 +231,16 @@ class WorkerService:
     def _release_prefetched(self) -> None:
         if self.prefetched is None:
             return
-        message, job = self.prefetched
+        message, _job = self.prefetched
         self.prefetched = None
-        record = self.store.get(job.job_id)
-        if record and record.get("status") == JobStatus.QUEUED:
-            self.redis.rpush(record["queue"], record["message"])  # back to the front
-        message.ack()
+        self.taker.give_back([message])  # back to the front of its queue
 
-    def _start(self, message: kombu.Message, job: JobMessage) -> None:
+    def _start(self, message: queues.Delivery, job: JobMessage) -> None:
         lease = self.settings.lease_seconds
         status, token, record = self.store.acquire(job.job_id, self.worker_id, lease)
         if status != "acquired":
             log.info("skipping %s: %s", job.job_id, status)  # cancelled or a duplicate
-            message.ack()
+            self.taker.ack_now(message)
             return
         held = HeldJob(
             job.job_id, token, record.get("tenant", ""), message, bool(record.get("webhook_url")),
@@ -264,8 +264,10 @@ class WorkerService:
     # -- results -----------------------------------------------------------------------
 
     def _handle(self, outputs: list[RequestOutput]) -> None:
+        """One round trip for a step's deltas, first-token times and finished jobs."""
         pipe = self.redis.pipeline(transaction=False)
         now = time.time()
+        finished: list[tuple[HeldJob, JobStatus, RequestOutput | None, str | None]] = []
         for out in outputs:
             held = self.held.get(out.request_id)
             if held is None:
@@ -278,19 +280,16 @@ class WorkerService:
                 )
             if held.first_token_at is None and out.new_token_ids:
                 held.first_token_at = now
-                if held.streams:  # visible while it runs; batch jobs write it when they finish
-                    self.store.update(held.job_id, held.token, first_token_at=now)
-        pipe.execute()
-        for out in outputs:
-            held = self.held.get(out.request_id)
-            if held is None or not out.finished:
-                continue
-            if out.finish_reason == "error":
-                self._finish(held, JobStatus.FAILED, out, error=out.error)
-            elif out.finish_reason == "abort":
-                self._finish(held, JobStatus.CANCELLED, out)
-            else:
-                self._finish(held, FINISH_STATUS[out.finish_reason or "stop"], out)
+                if held.streams and not out.finished:  # visible while it runs
+                    self.store.update(held.job_id, held.token, client=pipe, first_token_at=now)
+            if out.finished:
+                if out.finish_reason == "error":
+                    finished.append((held, JobStatus.FAILED, out, out.error))
+                elif out.finish_reason == "abort":
+                    finished.append((held, JobStatus.CANCELLED, out, None))
+                else:
+                    finished.append((held, FINISH_STATUS[out.finish_reason or "stop"], out, None))
+        self._finish_many(finished, pipe)
 
     def _finish(
         self,
@@ -299,35 +298,51 @@ class WorkerService:
         out: RequestOutput | None = None,
         error: str | None = None,
     ) -> None:
-        fields: dict[str, Any] = {"finished_at": time.time()}
-        if held.first_token_at is not None:
-            fields["first_token_at"] = held.first_token_at
-        if out is not None:
-            fields |= {
-                "text": out.text,
-                "finish_reason": out.finish_reason,
-                "completion_tokens": len(out.token_ids),
-            }
-        if error:
-            fields["error"] = error
-        self.held.pop(held.job_id, None)
-        self._served_work += held.work
-        if not self.held:
-            self._idle_since = time.time()
-        won = self.store.finish(held.job_id, held.token, held.tenant, status, **fields)
-        if won:
-            events = Keys.events(held.job_id)
-            pipe = self.redis.pipeline(transaction=False)
-            pipe.xadd(events, {"type": "done", "status": status.value})
-            pipe.expire(events, self.settings.events_ttl_seconds)
-            pipe.execute()
-        else:
-            log.warning("dropping result of %s: the lease moved on", held.job_id)
-        held.message.ack()  # only after the result is durable (or moot)
-        if won and held.has_webhook and status in (JobStatus.COMPLETED, JobStatus.FAILED):
-            from infra.webhooks import enqueue_webhook
+        self._finish_many([(held, status, out, error)], self.redis.pipeline(transaction=False))
 
-            enqueue_webhook(held.job_id, status.value)
+    def _finish_many(
+        self,
+        items: list[tuple[HeldJob, JobStatus, RequestOutput | None, str | None]],
+        pipe: redis.client.Pipeline,
+    ) -> None:
+        """Terminal states (each only if this worker still holds the lease, with its 'done'
+        event), then the queue acks, all on `pipe` in that order: a message is acked only
+        after its result is durable (or moot)."""
+        results_at = len(pipe.command_stack)
+        for held, status, out, error in items:
+            fields: dict[str, Any] = {"finished_at": time.time()}
+            if held.first_token_at is not None:
+                fields["first_token_at"] = held.first_token_at
+            if out is not None:
+                fields |= {
+                    "text": out.text,
+                    "finish_reason": out.finish_reason,
+                    "completion_tokens": len(out.token_ids),
+                }
+            if error:
+                fields["error"] = error
+            self.held.pop(held.job_id, None)
+            self._served_work += held.work
+            self.store.finish(
+                held.job_id, held.token, held.tenant, status,
+                events_ttl=self.settings.events_ttl_seconds, client=pipe, **fields,
+            )  # fmt: skip
+        for held, *_ in items:
+            self.taker.ack(held.message, pipe)
+        if not pipe.command_stack:
+            return
+        results = pipe.execute()
+        if items and not self.held:
+            self._idle_since = time.time()
+        for (held, status, _, _), won in zip(
+            items, results[results_at : results_at + len(items)], strict=True
+        ):
+            if not won:
+                log.warning("dropping result of %s: the lease moved on", held.job_id)
+            elif held.has_webhook and status in (JobStatus.COMPLETED, JobStatus.FAILED):
+                from infra.webhooks import enqueue_webhook
+
+                enqueue_webhook(held.job_id, status.value)
 
     # -- leases, cancellation, heartbeat ----------------------------------------------------
 
@@ -344,7 +359,7 @@ class WorkerService:
                         log.warning("lost the lease on %s; aborting it here", job_id)
                         self.engine.abort(job_id)
                         held = self.held.pop(job_id)
-                        held.message.ack()
+                        self.taker.ack_now(held.message)
                     elif state == "1":
                         self.engine.abort(job_id)  # finishes as cancelled next step
         if now >= self._next_heartbeat:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 from infra.backlog import read_backlog
@@ -62,32 +63,60 @@ def test_refresh_reports_cancel_requests_and_lost_leases(redis_client):
     assert store.refresh({"job_x": "someone-else"}, 5) == {"job_x": "lost"}
 
 
-def test_a_message_taken_but_never_started_goes_back(redis_client, redis_server):
-    import kombu
-
+def _queued_with_message(store: JobStore, job_id: str, q: str) -> None:
     from infra import queues
     from infra.protocol import JobMessage
 
+    fields = {"id": job_id, "tenant": "t", "status": "queued", "bucket": "short",
+              "priority": "interactive", "created_at": time.time()}  # fmt: skip
+    message = queues.encode(JobMessage(job_id, "short", "interactive", 3, 3), q)
+    store.create(NewJob(fields, q, message, None, 10, 10, 10, 3600))
+
+
+def test_a_message_taken_but_never_started_goes_back(redis_client):
+    from infra.queues import Taker
+
     store = JobStore(redis_client)
     q = "tide.short.interactive"
-    fields = {"id": "job_s", "tenant": "t", "status": "queued", "bucket": "short",
-              "priority": "interactive", "created_at": time.time()}  # fmt: skip
-    job = NewJob(fields, q, queues.encode(JobMessage("job_s", "short", "interactive", 3, 3), q),
-                 None, 10, 10, 10, 3600)  # fmt: skip
-    keys, args = job.script_call()
-    job.result(store.create_script(keys=keys, args=args))
+    _queued_with_message(store, "job_s", q)
     # A worker takes it and dies (no clean close, which would hand it back itself).
-    dead = queues.connection(redis_server.url)
-    taken = kombu.Queue(q, channel=dead.default_channel).get(no_ack=False)
-    assert taken is not None and redis_client.llen(q) == 0 and redis_client.hlen("unacked") == 1
+    (taken,) = Taker(redis_client).take([q], 4)
+    assert taken.job().job_id == "job_s"
+    assert redis_client.llen(q) == 0 and redis_client.hlen("unacked") == 1
     assert store.restore_stranded(older_than=10) == []  # too recent
     assert store.restore_stranded(older_than=10, now=time.time() + 11) == ["job_s"]
     assert redis_client.llen(q) == 1 and redis_client.hlen("unacked") == 0
     status, _, _ = store.acquire("job_s", "w1", 5)
     assert status == "acquired"
-    kombu.Queue(q, channel=dead.default_channel).get(no_ack=False)  # a started job's copy
+    Taker(redis_client).take([q], 1)  # a started job's copy stays where it is
     assert store.restore_stranded(older_than=10, now=time.time() + 11) == []
-    dead.release()
+
+
+def test_taker_is_kombu_compatible_and_gives_back_in_order(redis_client, redis_server):
+    import kombu
+
+    from infra.queues import Taker
+
+    store = JobStore(redis_client)
+    q = "tide.short.interactive"
+    for i in range(4):
+        _queued_with_message(store, f"job_{i}", q)
+    taker = Taker(redis_client)
+    first, second = taker.take([q], 2)  # FIFO, as kombu consumes
+    assert [first.job().job_id, second.job().job_id] == ["job_0", "job_1"]
+    # The unacked entry is what kombu's own channel writes for a message it delivered.
+    with kombu.Connection(redis_server.url) as conn:
+        msg = kombu.Queue(q, channel=conn.default_channel).get(no_ack=False)
+        assert msg is not None and json.loads(msg.body)["job_id"] == "job_2"
+        ours = json.loads(redis_client.hget("unacked", first.tag))
+        theirs = json.loads(redis_client.hget("unacked", msg.delivery_tag))
+        assert [type(x) for x in ours] == [type(x) for x in theirs]
+        assert ours[0].keys() == theirs[0].keys() and ours[2] == theirs[2] == q
+        msg.reject(requeue=True)  # kombu re-queues at the far end (LPUSH)
+    taker.give_back([first, second])  # back to the front, in their order
+    order = [d.job().job_id for d in taker.take([q], 10)]
+    assert order == ["job_0", "job_1", "job_3", "job_2"]
+    assert redis_client.hlen("unacked") == 4
 
 
 def _create_sized(store: JobStore, job_id: str, bucket: str, prompt: int, max_tokens: int) -> None:
@@ -129,3 +158,19 @@ def test_backlog_counts_queued_work_through_every_transition(redis_client):
     b = read_backlog(redis_client)
     assert (b["short"].jobs, b["short"].tokens) == (1, 15)
     assert b["short"].arrived_jobs == 2  # arrivals are a counter, never decremented
+
+
+def test_batch_jobs_count_once_in_their_batch_when_terminal(redis_client):
+    store = JobStore(redis_client)
+    for job_id in ("job_1", "job_2", "job_3"):
+        fields = {"id": job_id, "tenant": "t", "status": "queued", "bucket": "short",
+                  "created_at": time.time(), "batch_id": "batch_x"}  # fmt: skip
+        store.create(NewJob(fields, "tide.short.batch", "msg", None, 10, 10, 10, 3600))
+    _, token, _ = store.acquire("job_1", "w", 5)
+    assert store.finish("job_1", token, "t", JobStatus.COMPLETED, text="ok")
+    assert not store.finish("job_1", token, "t", JobStatus.COMPLETED)  # counted once
+    assert store.cancel("job_2", "t") == "cancelled"
+    _, token, _ = store.acquire("job_3", "w", 0.01)
+    assert store.reap(max_attempts=1, now=time.time() + 1) == {"job_3": "failed"}
+    batch = redis_client.hgetall("tide:batch:batch_x")
+    assert batch == {b"jobs_terminal": b"3", b"jobs_completed": b"1"}

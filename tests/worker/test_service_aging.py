@@ -6,7 +6,7 @@ from infra import queues
 from infra.protocol import JobMessage, queue_name
 from infra.settings import Settings
 from tests.conftest import make_engine
-from worker.service import BATCH_EVERY, WorkerService
+from worker.service import BATCH_EVERY, TAKE_AT_MOST, WorkerService
 
 
 def test_batch_jobs_age_past_a_stream_of_interactive_ones(redis_server, redis_client, tiny_path):
@@ -20,10 +20,10 @@ def test_batch_jobs_age_past_a_stream_of_interactive_ones(redis_server, redis_cl
         make_engine(tiny_path), Settings(redis_url=redis_server.url), "p", ["short"]
     )
     taken = []
-    while (polled := service._poll()) is not None:
-        message, job = polled
-        taken.append(job.job_id)
-        message.ack()
+    while polled := service._poll(TAKE_AT_MOST):  # as many per round trip as it may
+        for message, job in polled:
+            taken.append(job.job_id)
+            service.taker.ack_now(message)
     service._shutdown()
     assert len(taken) == 33
     first_batch = taken.index("b0")
