@@ -119,3 +119,16 @@ def moto_url() -> Iterator[str]:
     yield url
     proc.terminate()
     proc.wait()
+
+
+def wait_for(predicate, timeout: float = 60, interval: float = 0.05, what: str = "it"):  # type: ignore[no-untyped-def]
+    """Poll predicate until it returns something truthy (returned), or fail after timeout."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out waiting for {what}")

@@ -99,7 +99,7 @@ def test_flags_override_the_scenario_workload_which_overrides_the_general_defaul
 
     defaults = scenarios.build("buckets", 512).workload
     spec = workload_spec(build_parser().parse_args(["bench"]), 512, defaults)
-    assert (spec.num_requests, spec.request_rate, spec.burstiness) == (200, 10.0, 0.4)
+    assert (spec.num_requests, spec.request_rate, spec.burstiness) == (300, 20.0, 0.4)
     short, long_ = spec.classes
     assert (short.share, short.max_total, long_.max_total) == (0.8, 128, 512)
     args = build_parser().parse_args(["bench", "--burstiness", "2", "--long-fraction", "0"])

@@ -8,7 +8,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -24,16 +23,7 @@ from infra.redis_server import EmbeddedRedis
 from infra.schemas import JobCreate
 from infra.settings import Settings
 from infra.submission import ModelInfo, build_job
-
-
-def _wait(predicate, timeout: float, what: str):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
+from tests.conftest import wait_for
 
 
 def make_group(moto_url: str, name: str, max_size: int = 3) -> None:
@@ -143,9 +133,9 @@ def run_burst(
         threads = [threading.Thread(target=f, daemon=True) for f in (ec2_boots, control)]
         for t in threads:
             t.start()
-        _wait(
+        wait_for(
             lambda: all(store.get(j)["status"] == "completed" for j in ids),  # type: ignore[index]
-            180, "every job to complete",
+            180, what="every job to complete",
         )  # fmt: skip
         assert peak == 2, f"expected the group to grow to max_workers=2, saw {peak}"
         assert protected_seen, "busy instances should have been protected from scale-in"
@@ -156,7 +146,7 @@ def run_burst(
             group = g["AutoScalingGroups"][0]
             return group["DesiredCapacity"] == 0 and not group["Instances"]
 
-        _wait(back_to_zero, 60, "the group to scale back to zero")
+        wait_for(back_to_zero, 60, what="the group to scale back to zero")
         # Workers drained and exited cleanly before their instances were terminated.
         assert all(p.wait(timeout=30) == 0 for p in booted.values())
         metrics = cw.list_metrics(Namespace="TideTest")["Metrics"]

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -20,18 +19,9 @@ from infra.redis_server import EmbeddedRedis
 from infra.schemas import JobCreate
 from infra.settings import Settings
 from infra.submission import ModelInfo, build_job
+from tests.conftest import wait_for
 
 pytestmark = pytest.mark.slow
-
-
-def _wait(predicate, timeout: float, what: str):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_a_burst_scales_the_local_pool_0_2_0(tmp_path: Path, tiny_path: Path) -> None:
@@ -89,14 +79,16 @@ def test_a_burst_scales_the_local_pool_0_2_0(tmp_path: Path, tiny_path: Path) ->
         def all_done() -> bool:
             return all(store.get(j)["status"] == "completed" for j in ids)  # type: ignore[index]
 
-        _wait(all_done, 180, "every job to complete")
+        wait_for(all_done, 180, what="every job to complete")
         assert peak == 2, f"the burst should have scaled to max_workers=2, peaked at {peak}"
         assert seen_actions[0] == "scale_out"
         # Each job ran exactly once: no worker was removed (or lost) while it held one.
         assert [store.get(j)["attempts"] for j in ids] == ["1"] * len(ids)  # type: ignore[index]
         assert read_backlog(client)["short"].jobs == 0
         # Idle for idle_s: drained and removed, back to zero processes.
-        _wait(lambda: not actuator.list_workers(pool) and not actuator.procs["cpu"], 60, "zero")
+        wait_for(
+            lambda: not actuator.list_workers(pool) and not actuator.procs["cpu"], 60, what="zero"
+        )
         assert "scale_to_min" in seen_actions or "scale_in" in seen_actions
         assert client.zcard("tide:workers") == 0  # workers deleted their heartbeats on exit
     finally:

@@ -19,7 +19,10 @@ import pytest
 import redis
 
 from infra.redis_server import EmbeddedRedis, free_port
-from tests.conftest import ROOT
+from tests.conftest import (
+    ROOT,
+    wait_for,
+)
 
 SECRET = "whsec_" + "dGVzdC13ZWJob29rLXNlY3JldC1mb3ItdGlkZS0xMjM0NQ=="
 KEYS = {"key-a": "tenant-a", "key-b": "tenant-b"}
@@ -168,16 +171,6 @@ class Receiver:
 
     def close(self) -> None:
         self.server.shutdown()
-
-
-def wait_for(predicate, timeout: float = 60, interval: float = 0.05):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError("timed out waiting")
 
 
 def wait_done(api: httpx.Client, job_id: str, timeout: float = 60) -> dict:
