@@ -70,8 +70,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     up = sub.add_parser(
         "up",
-        help="start a local fleet: Redis, gateway, workers, webhook sender, reaper",
-        description="Start the embedded fleet (Redis unless REDIS_URL is set). Ctrl-C stops it.",
+        help="start a local fleet: Redis, gateway, controller (scales workers), webhook sender",
+        description="Start the embedded fleet (Redis unless REDIS_URL is set): gateway, Celery "
+        "webhook/batch sender, and the controller, which starts and drains worker processes "
+        "with the queue and hosts the reaper. Ctrl-C stops it.",
     )
     up.add_argument("--model", default=None, help="HF folder or dummy:PRESET (default: settings)")
     up.add_argument("--workers", type=int, default=1, help="fixed pool size (min = max)")
@@ -99,7 +101,9 @@ def build_parser() -> argparse.ArgumentParser:
     _engine_flags(wk)
     wk.set_defaults(func=cmd_worker)
 
-    rp = sub.add_parser("reaper", help="re-queue jobs whose worker lease expired")
+    rp = sub.add_parser(
+        "reaper", help="re-queue jobs whose worker lease expired (the controller runs one too)"
+    )
     rp.set_defaults(func=cmd_reaper)
 
     ct = sub.add_parser(
@@ -112,6 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
     ct.add_argument("--actuator", choices=["local", "aws"], default=None,
                     help="default: [controller] actuator in the fleet file")  # fmt: skip
     ct.add_argument("--metrics-port", type=int, default=9300, help="0 = any free port")
+    ct.add_argument("--metrics-host", default="127.0.0.1", help="0.0.0.0 for Prometheus")
     ct.add_argument("--aws-endpoint-url", default=None, help="AWS endpoint (tests: moto)")
     _engine_flags(ct)
     ct.set_defaults(func=cmd_controller)
@@ -315,7 +320,8 @@ def cmd_controller(args: argparse.Namespace) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    Controller(fleet, settings, actuator, client).run(stop, metrics_port=args.metrics_port)
+    controller = Controller(fleet, settings, actuator, client)
+    controller.run(stop, metrics_port=args.metrics_port, metrics_host=args.metrics_host)
     return 0
 
 

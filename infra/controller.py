@@ -160,14 +160,19 @@ class Controller:
             self.r.set(Keys.drain(worker_id), "1", ex=int(pool.drain_timeout_s) + 3600)
             self.actuator.drain(pool, worker_id)
 
-    def run(self, stop: threading.Event, metrics_port: int | None = None) -> None:
+    def run(
+        self,
+        stop: threading.Event,
+        metrics_port: int | None = None,
+        metrics_host: str = "127.0.0.1",
+    ) -> None:
         """The loop: reaper thread, metrics endpoint, a decision every poll interval."""
         from infra.reaper import run_reaper
 
         reaper = threading.Thread(target=run_reaper, args=(self.settings, stop), daemon=True)
         reaper.start()
         if metrics_port is not None:
-            url = start_metrics_server(metrics_port)
+            url = start_metrics_server(metrics_port, metrics_host)
             self.r.hset(Keys.controller, mapping={"metrics_url": url})
             log.info("controller metrics at %s", url)
         interval = self.fleet.controller.poll_interval_s
@@ -182,12 +187,16 @@ class Controller:
         self.actuator.close()
 
 
-def start_metrics_server(port: int) -> str:
+def start_metrics_server(port: int, host: str = "127.0.0.1") -> str:
+    import socket
+
     from prometheus_client import start_http_server
 
-    server, _thread = start_http_server(port, addr="127.0.0.1", registry=m.registry)
-    host, bound = server.server_address[:2]
-    return f"http://{host}:{bound}/metrics"
+    server, _thread = start_http_server(port, addr=host, registry=m.registry)
+    bound_host, bound = server.server_address[:2]
+    if bound_host in ("0.0.0.0", "::"):  # advertise an address others can reach
+        bound_host = socket.gethostbyname(socket.gethostname())
+    return f"http://{bound_host}:{bound}/metrics"
 
 
 __all__ = ["ActuatedWorker", "Controller", "read_heartbeats"]

@@ -29,6 +29,15 @@ locals {
       TIDE_ENV           = "production"
       TIDE_DRAIN_TIMEOUT = tostring(local.worker_drain_s)
       AWS_DEFAULT_REGION = data.aws_region.current.name
+      # The worker follows its own termination (infra/aws_lifecycle.py): it drains, then
+      # completes this hook.
+      TIDE_AWS_REGION         = data.aws_region.current.name
+      TIDE_AWS_ASG_NAME       = local.name
+      TIDE_AWS_LIFECYCLE_HOOK = local.hook_name
+      # A fixed metrics port for Prometheus (EC2 service discovery); tide doctor reads the
+      # URL from the heartbeat.
+      TIDE_WORKER_METRICS_HOST = "0.0.0.0"
+      TIDE_WORKER_METRICS_PORT = "9400"
     },
     var.environment,
     { REDIS_URL = var.redis_url },
