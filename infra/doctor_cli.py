@@ -42,6 +42,14 @@ def add_parser(sub: Any) -> None:
 # -- collecting --------------------------------------------------------------------------------
 
 
+def local_fleet_redis_url() -> str | None:
+    """The embedded Redis of a `tide up` started from this folder (it writes its URL)."""
+    from infra.settings import REDIS_URL_FILE, get_settings
+
+    path = get_settings().data_dir / REDIS_URL_FILE
+    return path.read_text().strip() if path.is_file() else None
+
+
 def discover(redis_url: str) -> tuple[str, dict[str, dict[str, str]]]:
     """The controller's metrics URL ('' if none) and each live worker's heartbeat."""
     import redis
@@ -142,7 +150,7 @@ def collect(args: argparse.Namespace) -> tuple[Snapshot, Snapshot, list[str]]:
     from infra.settings import get_settings
 
     errors: list[str] = []
-    redis_url = args.redis_url or get_settings().redis_url
+    redis_url = args.redis_url or get_settings().redis_url or local_fleet_redis_url()
     controller, infos = "", {}
     if redis_url:
         try:
@@ -150,7 +158,9 @@ def collect(args: argparse.Namespace) -> tuple[Snapshot, Snapshot, list[str]]:
         except Exception as e:  # any Redis trouble: diagnose what the gateway shows
             errors.append(f"redis: cannot read {redis_url}: {type(e).__name__}: {e}")
     else:
-        errors.append("redis: no --redis-url or REDIS_URL: workers and controller not found")
+        errors.append(
+            "redis: no --redis-url, REDIS_URL or local `tide up`: workers and controller not found"
+        )
     targets = targets_for(args.url, controller, infos)
     texts: list[dict[str, str]] = []
     ats = []

@@ -17,7 +17,7 @@ from infra.actuators import LocalActuator
 from infra.controller import Controller
 from infra.fleet_config import FleetConfig, load_fleet, local_default_fleet
 from infra.redis_server import EmbeddedRedis
-from infra.settings import Settings, get_settings
+from infra.settings import REDIS_URL_FILE, Settings, get_settings
 
 
 class LocalFleet:
@@ -46,6 +46,8 @@ class LocalFleet:
             data = Path(a.data_dir or settings.data_dir) / "redis"
             self.redis = EmbeddedRedis(data).start()
             env["REDIS_URL"] = self.redis.url
+            # So tools run from this folder (tide doctor) find the fleet without flags.
+            (Path(a.data_dir or settings.data_dir) / REDIS_URL_FILE).write_text(self.redis.url)
             settings = Settings(redis_url=self.redis.url, model=model)
         # The reaper and batch supervisor run in this process and read the same settings.
         os.environ.update({k: env[k] for k in ("REDIS_URL", "TIDE_MODEL") if k in env})
@@ -70,7 +72,9 @@ class LocalFleet:
         fleet = self._fleet_config()
         self.actuator = LocalActuator(fleet, env=env, worker_argv=engine_argv(a))
         self.controller = Controller(fleet, settings, self.actuator)
-        ctl = threading.Thread(target=self.controller.run, args=(self.stop,), daemon=True)
+        ctl = threading.Thread(
+            target=self.controller.run, args=(self.stop, 0), daemon=True
+        )  # metrics on a free port, advertised in Redis for tide doctor
         ctl.start()
         signal.signal(signal.SIGTERM, lambda *_: self.stop.set())
         url = f"http://{a.host}:{a.port}"
@@ -137,6 +141,8 @@ class LocalFleet:
                 proc.kill()
         if self.redis is not None:
             self.redis.stop()
+            url_file = Path(self.args.data_dir or get_settings().data_dir) / REDIS_URL_FILE
+            url_file.unlink(missing_ok=True)
 
 
 def engine_argv(a: argparse.Namespace) -> list[str]:

@@ -111,6 +111,8 @@ class Settings(BaseSettings):
         return self
 
 
+REDIS_URL_FILE = "redis.url"  # under data_dir while `tide up` runs an embedded Redis
+
 DEV_WEBHOOK_SECRET = "whsec_" + "dGlkZS1kZXZlbG9wbWVudC1zZWNyZXQtMzJieXRlcyE="
 
 
