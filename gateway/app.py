@@ -107,11 +107,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @app.exception_handler(redis.RedisError)
     async def redis_error(request: Request, exc: redis.RedisError) -> JSONResponse:
-        # Redis down, or every connection busy past gateway_redis_wait_seconds: nothing was
-        # written (a job is created in one Lua call or not at all), so retrying is safe.
+        # Redis down, or every connection busy past gateway_redis_wait_seconds. A job is
+        # created in one Lua call or not at all, but if the connection broke after the call
+        # was sent it may exist: retry with the same Idempotency-Key to be sure of one job.
         log.warning("Redis unavailable: %s", exc)
-        return _error(503, f"job store unavailable ({exc}); retry", "service_unavailable",
-                      {"Retry-After": "1"})  # fmt: skip
+        return _error(
+            503, f"job store unavailable ({exc}); retry (with an Idempotency-Key to avoid a "
+            "duplicate if this request reached the store)", "service_unavailable",
+            {"Retry-After": "1"},
+        )  # fmt: skip
 
     return app
 

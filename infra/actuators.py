@@ -137,6 +137,7 @@ class LocalActuator:
 # -- AWS Auto Scaling -------------------------------------------------------------------
 
 PROTECT_WHEN_RUNNING = True
+PENDING = "pending-"  # id of capacity the group was asked for but has not listed yet
 
 
 class AwsActuator:
@@ -168,6 +169,7 @@ class AwsActuator:
         self.draining: dict[str, str] = {}  # instance id -> worker id (or instance id)
         self.protected: dict[str, bool] = {}
         self._beats: dict[str, dict[str, str]] = {}
+        self._gone: dict[str, int] = {}  # draining instance -> polls without a heartbeat
 
     def group_name(self, pool: PoolConfig) -> str:
         return f"{self.fleet.aws.name_prefix}-{pool.name}"
@@ -192,8 +194,15 @@ class AwsActuator:
 
     def list_workers(self, pool: PoolConfig) -> list[ActuatedWorker]:
         beats = self._by_instance()
+        group = self._group(pool)
+        live = ("Pending", "Pending:Wait", "Pending:Proceed", "InService", "Terminating:Wait")
+        instances = [i for i in group["Instances"] if i["LifecycleState"] in live]
         out = []
-        for inst in self._instances(pool):
+        # Capacity asked for but not listed yet counts as starting, so the next poll does
+        # not launch it again.
+        for k in range(max(0, group["DesiredCapacity"] - len(instances))):
+            out.append(ActuatedWorker(f"{PENDING}{k}", "starting", time.time()))
+        for inst in instances:
             iid = inst["InstanceId"]
             worker_id, beat = beats.get(iid, (iid, None))
             if iid in self.draining or inst["LifecycleState"] == "Terminating:Wait":
@@ -203,7 +212,10 @@ class AwsActuator:
             out.append(ActuatedWorker(worker_id, state, time.time()))
             if beat is not None:
                 self._protect(pool, iid, int(beat.get("held", 0) or 0) > 0)
-        self._publish_backlog(pool, len(out))
+        try:
+            self._publish_backlog(pool, len(instances))
+        except Exception as e:  # throttling, a missing permission: scaling goes on
+            log.warning("pool %s: BacklogPerInstance not published: %s", pool.name, e)
         return out
 
     def launch(self, pool: PoolConfig, n: int) -> None:
@@ -215,6 +227,14 @@ class AwsActuator:
         log.info("pool %s: desired capacity %d -> %d", pool.name, group["DesiredCapacity"], desired)
 
     def drain(self, pool: PoolConfig, worker_id: str) -> None:
+        if worker_id.startswith(PENDING):  # not launched yet: just ask for one fewer
+            group = self._group(pool)
+            self.asg.set_desired_capacity(
+                AutoScalingGroupName=self.group_name(pool),
+                DesiredCapacity=max(group["DesiredCapacity"] - 1, group["MinSize"]),
+                HonorCooldown=False,
+            )
+            return
         beats = self._by_instance()
         iid = next((i for i, (w, _) in beats.items() if w == worker_id), worker_id)
         self.draining[iid] = worker_id
@@ -230,7 +250,13 @@ class AwsActuator:
                 del self.draining[iid]
                 continue
             if iid in beats:
+                self._gone.pop(iid, None)
                 continue  # still draining
+            # Gone for two polls in a row (not one missed heartbeat during a Redis blip).
+            self._gone[iid] = self._gone.get(iid, 0) + 1
+            if self._gone[iid] < 2:
+                continue
+            del self._gone[iid]
             self._protect(pool, iid, False)
             self.asg.terminate_instance_in_auto_scaling_group(
                 InstanceId=iid, ShouldDecrementDesiredCapacity=True
@@ -240,7 +266,7 @@ class AwsActuator:
         return removed
 
     def _protect(self, pool: PoolConfig, iid: str, busy: bool) -> None:
-        want = busy and PROTECT_WHEN_RUNNING and iid not in self.draining
+        want = busy and PROTECT_WHEN_RUNNING  # a draining worker's jobs are protected too
         if self.protected.get(iid) == want:
             return
         self.asg.set_instance_protection(

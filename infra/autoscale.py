@@ -34,7 +34,8 @@ from infra.fleet_config import ControllerConfig, PoolConfig
 
 ARRIVAL_TAU_S = 60.0  # time constant of the smoothed arrival rate
 SERVICE_TAU_S = 120.0  # ... and of the learnt per-worker service rate
-MIN_SAMPLE_S = 10.0  # a service-rate sample spans at least this long
+MIN_SAMPLE_S = 30.0  # a service-rate sample spans at least this long
+MIN_SAMPLES = 6  # samples before the learnt rate replaces the configured estimate
 
 
 @dataclass(frozen=True)
@@ -170,7 +171,8 @@ class RateTracker:
     second, learnt only from workers that were busy, while their pool had a queue, over at
     least MIN_SAMPLE_S (from each worker's cumulative served total): then what a worker
     serves is what it can serve. A sample of zero counts (long jobs finish rarely); an
-    idle or unsaturated worker says nothing about capacity, so it is skipped.
+    idle or unsaturated worker says nothing about capacity, so it is skipped. The learnt
+    rate is used only once it rests on MIN_SAMPLES samples.
     """
 
     def __init__(self, pools: list[str]) -> None:
@@ -178,8 +180,10 @@ class RateTracker:
         self.service: dict[str, float | None] = dict.fromkeys(pools)
         self._last_counts: tuple[float, dict[str, int]] | None = None
         self._last_arrival_t: dict[str, float] = {}
-        self._marks: dict[str, tuple[float, int]] = {}  # worker -> (since, served total)
+        # pool -> worker -> (since, served total): per pool, as each update sees one pool
+        self._marks: dict[str, dict[str, tuple[float, int]]] = {p: {} for p in pools}
         self._last_service_t: dict[str, float] = {}
+        self.samples: dict[str, int] = dict.fromkeys(pools, 0)
 
     def bucket_rates(self, now: float, counts: dict[str, int]) -> dict[str, float]:
         """Per-bucket arrival rates since the previous reading of the counters."""
@@ -203,25 +207,29 @@ class RateTracker:
     ) -> float | None:
         """workers: worker id -> (cumulative work tokens served, holds jobs now)."""
         samples = []
+        marks = self._marks.setdefault(pool, {})
         for wid, (served, busy) in workers.items():
-            mark = self._marks.get(wid)
+            mark = marks.get(wid)
             if not (queued and busy):
-                self._marks.pop(wid, None)  # the saturated stretch ended: start over
+                marks.pop(wid, None)  # the saturated stretch ended: start over
                 continue
             if mark is None or served < mark[1]:
-                self._marks[wid] = (now, served)  # first busy reading, or a restarted worker
+                marks[wid] = (now, served)  # first busy reading, or a restarted worker
                 continue
             since, base = mark
             if now - since >= MIN_SAMPLE_S:
                 samples.append((served - base) / (now - since))
-                self._marks[wid] = (now, served)
-        for wid in list(self._marks):
+                marks[wid] = (now, served)
+        for wid in list(marks):
             if wid not in workers:
-                del self._marks[wid]
+                del marks[wid]
         if samples:
             mean = sum(samples) / len(samples)
             t = self._last_service_t.get(pool, now)
             self._last_service_t[pool] = now
             old = self.service[pool]
             self.service[pool] = _blend(old, mean, max(now - t, MIN_SAMPLE_S), SERVICE_TAU_S)
-        return self.service[pool]
+            self.samples[pool] = self.samples.get(pool, 0) + 1
+        # A few samples are noise (a worker ramping up finishes nothing for a while): until
+        # there are MIN_SAMPLES, the caller keeps its estimate.
+        return self.service[pool] if self.samples.get(pool, 0) >= MIN_SAMPLES else None

@@ -107,7 +107,10 @@ class Controller:
                 for w, b in beats.items()
                 if b.get("pool") == name
             }
-            rate = self.rates.update_service(name, now, jobs > 0, served) or self.estimates[name]
+            learnt = self.rates.update_service(name, now, jobs > 0, served)
+            # A configured rate wins: a bench run on the pool's hardware beats a measurement
+            # from partly saturated workers; the learnt rate replaces only the generic guess.
+            rate = pool.tokens_per_s or learnt or self.estimates[name]
             m.ARRIVAL_RATE.labels(name).set(arrival)
             m.SERVICE_RATE.labels(name).set(rate)
             out[name] = PoolObservation(now, jobs, tokens, oldest, arrival, rate, workers)
@@ -138,7 +141,10 @@ class Controller:
         for name, pool in self.fleet.pools.items():
             obs = observations[name]
             d = decide(pool, obs, self.states[name], self.fleet.controller)
-            self._act(pool, d)
+            try:
+                self._act(pool, d)
+            except Exception:  # one pool's cloud error must not stop the others
+                log.exception("pool %s: acting on %s failed; next poll retries", name, d.action)
             m.DESIRED.labels(name).set(d.desired)
             m.DECISIONS.labels(name, d.action).inc()
             level = logging.INFO if d.action != "hold" else logging.DEBUG
@@ -147,8 +153,11 @@ class Controller:
             )
             decisions.append(d)
         for pool in self.fleet.pools.values():
-            for worker_id in self.actuator.remove_drained(pool):
-                log.info("pool %s: removed drained worker %s", pool.name, worker_id)
+            try:
+                for worker_id in self.actuator.remove_drained(pool):
+                    log.info("pool %s: removed drained worker %s", pool.name, worker_id)
+            except Exception:
+                log.exception("pool %s: removing drained workers failed", pool.name)
         self.last_decisions = decisions
         self.r.hset(Keys.controller, mapping={"last_decision_at": self.clock()})
         return decisions

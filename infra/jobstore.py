@@ -381,6 +381,21 @@ class JobStore:
             out[job_id] = res.decode() if isinstance(res, bytes) else res
         return out
 
+    def prune_backlog(self, job_ttl: float, now: float | None = None) -> list[str]:
+        """Drop backlog entries of queued jobs whose record expired (job_ttl) before any
+        worker took them (a bucket nobody serves), so a pool can still scale to zero."""
+        now = time.time() if now is None else now
+        dropped = []
+        for b in BUCKETS:
+            key = Keys.backlog(b)
+            for raw in self.r.zrangebyscore(key, "-inf", now - job_ttl):
+                job_id = raw.decode()
+                if not self.r.exists(Keys.job(job_id)) and self.r.zrem(key, job_id):
+                    dropped.append(job_id)
+            if dropped and self.r.zcard(key) == 0:
+                self.r.hset(Keys.backlog_tokens, b, 0)  # its tokens went with the records
+        return dropped
+
     def restore_stranded(self, older_than: float, now: float | None = None) -> list[str]:
         """Put back messages a worker took but never started (it died, or Redis restarted
         between the take and the acquire): the job is still queued, its message sits in

@@ -22,6 +22,8 @@ STRANDED_SECONDS = 10.0  # a message taken but not started for this long goes ba
 
 
 def reap_once(store: JobStore, settings: Settings) -> dict[str, str]:
+    for job_id in store.prune_backlog(settings.job_ttl_seconds):
+        log.warning("queued job %s expired before it ran: dropped from the backlog", job_id)
     for job_id in store.restore_stranded(STRANDED_SECONDS):
         log.warning("message of %s was taken but never started: back in its queue", job_id)
     results = store.reap(settings.max_attempts)

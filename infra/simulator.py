@@ -762,9 +762,8 @@ class TidePolicy:
             live = sim.live(name)
             if self.learn:  # exactly what the controller learns from heartbeats
                 served = {w.wid: (w.served, bool(w.heap)) for w in live}
-                rate = (
-                    self.rates.update_service(name, now, jobs > 0, served) or self.estimated[name]
-                )
+                learnt = self.rates.update_service(name, now, jobs > 0, served)
+                rate = pool.tokens_per_s or learnt or self.estimated[name]
             else:
                 rate = sim.model_rate(name) or self.estimated[name]
             views = [WorkerView(w.wid, w.state, w.running, w.idle_since) for w in live]

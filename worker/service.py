@@ -86,6 +86,8 @@ class WorkerService:
         self.wakeups = self._subscribe()
         self._interactive_streak = 0
         self._queues_empty_at: float | None = None  # when a poll last found nothing
+        # Results the engine produced that Redis has not confirmed yet (see _save_results).
+        self._unsaved: list[tuple[HeldJob, JobStatus, dict[str, Any]]] = []
         self.metrics = WorkerMetrics.for_engine(engine, pool, settings)
         self.metrics_url = ""  # set when the metrics endpoint starts (run)
         self._served_work = 0  # prompt + max tokens of jobs finished, for the controller
@@ -130,6 +132,8 @@ class WorkerService:
 
     def _iterate(self) -> bool:
         """One turn of the loop; False when a drain has finished."""
+        if self._unsaved:
+            self._save_results()  # a Redis error interrupted the last write
         self._periodic()
         if self.draining:
             self._release_prefetched()
@@ -152,6 +156,8 @@ class WorkerService:
 
     def _shutdown(self) -> None:
         try:
+            if self._unsaved:
+                self._save_results()
             self._release_prefetched()
             for job in list(self.held.values()):
                 self.engine.abort(job.job_id)
@@ -305,10 +311,7 @@ class WorkerService:
         items: list[tuple[HeldJob, JobStatus, RequestOutput | None, str | None]],
         pipe: redis.client.Pipeline,
     ) -> None:
-        """Terminal states (each only if this worker still holds the lease, with its 'done'
-        event), then the queue acks, all on `pipe` in that order: a message is acked only
-        after its result is durable (or moot)."""
-        results_at = len(pipe.command_stack)
+        """Record results, then write them (with whatever `pipe` already holds)."""
         for held, status, out, error in items:
             fields: dict[str, Any] = {"finished_at": time.time()}
             if held.first_token_at is not None:
@@ -321,20 +324,35 @@ class WorkerService:
                 }
             if error:
                 fields["error"] = error
-            self.held.pop(held.job_id, None)
-            self._served_work += held.work
+            self._unsaved.append((held, status, fields))
+        self._save_results(pipe)
+
+    def _save_results(self, pipe: redis.client.Pipeline | None = None) -> None:
+        """Terminal states (each only if this worker still holds the lease, with its 'done'
+        event), then the queue acks, on one pipeline in that order: a message is acked only
+        after its result is durable (or moot). A job leaves `held` (its lease stops being
+        refreshed) only once this succeeded; if Redis fails, the results stay unsaved and
+        the next loop turn writes them again (a repeated finish is a no-op)."""
+        pipe = pipe if pipe is not None else self.redis.pipeline(transaction=False)
+        results_at = len(pipe.command_stack)
+        items = list(self._unsaved)
+        for held, status, fields in items:
             self.store.finish(
                 held.job_id, held.token, held.tenant, status,
                 events_ttl=self.settings.events_ttl_seconds, client=pipe, **fields,
             )  # fmt: skip
-        for held, *_ in items:
+        for held, _, _ in items:
             self.taker.ack(held.message, pipe)
         if not pipe.command_stack:
             return
         results = pipe.execute()
+        self._unsaved.clear()
+        for held, _, _ in items:
+            self.held.pop(held.job_id, None)
+            self._served_work += held.work
         if items and not self.held:
             self._idle_since = time.time()
-        for (held, status, _, _), won in zip(
+        for (held, status, _), won in zip(
             items, results[results_at : results_at + len(items)], strict=True
         ):
             if not won:

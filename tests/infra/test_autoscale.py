@@ -160,3 +160,19 @@ def test_scale_out_cooldown_is_respected():
     assert decide(pool(), obs(31, ready(1, running=1), backlog=100_000), state, ctl).action == (
         "scale_out"
     )
+
+
+def test_rate_tracker_learns_each_pools_service_rate_independently():
+    from infra.autoscale import RateTracker
+
+    rates = RateTracker(["a", "b"])
+    for i in range(6):  # two busy pools, each with a queue, updated one after the other
+        t = 15.0 * i
+        rates.update_service("a", t, True, {"a1": (100 * int(t), True)})
+        rates.update_service("b", t, True, {"b1": (30 * int(t), True)})
+    assert rates.service["a"] == pytest.approx(100.0)
+    assert rates.service["b"] == pytest.approx(30.0)
+    # An idle worker, or one without a queue behind it, says nothing about capacity.
+    rates.update_service("a", 100.0, False, {"a1": (10_000, True)})
+    rates.update_service("a", 130.0, False, {"a1": (10_000, True)})
+    assert rates.service["a"] == pytest.approx(100.0)

@@ -228,3 +228,50 @@ def test_lifecycle_watcher_drains_then_completes_the_action():
         stub.assert_no_pending_responses()
     imds.server.shutdown()
     assert not LifecycleWatcher.enabled(Settings())
+
+
+class _FakeGroup:
+    """describe/set on one Auto Scaling group, with instances that lag DesiredCapacity."""
+
+    def __init__(self, desired: int, instances: list[str]) -> None:
+        self.desired, self.instances, self.calls = desired, instances, []
+
+    def describe_auto_scaling_groups(self, AutoScalingGroupNames):
+        insts = [{"InstanceId": i, "LifecycleState": "Pending"} for i in self.instances]
+        group = {"DesiredCapacity": self.desired, "MinSize": 0, "MaxSize": 8, "Instances": insts}
+        return {"AutoScalingGroups": [group]}
+
+    def set_desired_capacity(self, AutoScalingGroupName, DesiredCapacity, HonorCooldown):
+        self.calls.append(DesiredCapacity)
+        self.desired = DesiredCapacity
+
+
+class _BrokenCloudWatch:
+    def put_metric_data(self, **kwargs):
+        raise RuntimeError("throttled")
+
+
+def test_capacity_not_listed_yet_counts_so_a_burst_is_not_launched_twice(redis_client):
+    from infra.autoscale import PoolState, decide
+
+    fleet = parse_fleet({"pools": {"gpu": {"buckets": ["short", "medium", "long"],
+                                           "max_workers": 8, "cold_start_s": 0}}})  # fmt: skip
+    pool = fleet.pools["gpu"]
+    asg = _FakeGroup(desired=3, instances=["i-1"])  # asked for 3, one listed so far
+    actuator = AwsActuator(fleet, redis_client, autoscaling=asg, cloudwatch=_BrokenCloudWatch())
+    workers = actuator.list_workers(pool)  # and CloudWatch failing does not stop it
+    assert [w.state for w in workers] == ["starting"] * 3
+    # The controller sees 3 workers starting: a demand of 3 launches nothing more.
+    from infra.autoscale import PoolObservation, WorkerView
+
+    views = [WorkerView(w.worker_id, w.state) for w in workers]
+    # Demand for 5 (15,000 tokens at 100 tok/s within the 30 s target): 2 more, so the
+    # group goes to 5, not to 3 + 5 because only one instance was listed.
+    obs = PoolObservation(0.0, 30, 15_000, 0.0, 0.0, 100.0, views)
+    d = decide(pool, obs, PoolState(), fleet.controller)
+    assert (d.action, d.current, d.desired) == ("scale_out", 3, 5)
+    actuator.launch(pool, d.desired - d.current)
+    assert asg.desired == 5
+    # Draining capacity that was never launched just asks for one fewer.
+    actuator.drain(pool, "pending-0")
+    assert asg.calls[-1] == asg.desired

@@ -174,3 +174,15 @@ def test_batch_jobs_count_once_in_their_batch_when_terminal(redis_client):
     assert store.reap(max_attempts=1, now=time.time() + 1) == {"job_3": "failed"}
     batch = redis_client.hgetall("tide:batch:batch_x")
     assert batch == {b"jobs_terminal": b"3", b"jobs_completed": b"1"}
+
+
+def test_backlog_forgets_queued_jobs_whose_record_expired(redis_client):
+    store = JobStore(redis_client)
+    _create_sized(store, "job_old", "long", 9000, 100)
+    _create_sized(store, "job_live", "short", 10, 5)
+    redis_client.delete("tide:job:job_old")  # its TTL ran out while nobody served "long"
+    assert store.prune_backlog(job_ttl=3600) == []  # not old enough yet
+    assert store.prune_backlog(job_ttl=3600, now=time.time() + 3601) == ["job_old"]
+    b = read_backlog(redis_client)
+    assert (b["long"].jobs, b["long"].tokens) == (0, 0)
+    assert (b["short"].jobs, b["short"].tokens) == (1, 15)  # a live record stays

@@ -30,3 +30,40 @@ def test_batch_jobs_age_past_a_stream_of_interactive_ones(redis_server, redis_cl
     assert first_batch == BATCH_EVERY, taken  # interactive first, but not forever
     gaps = [taken.index(f"b{i + 1}") - taken.index(f"b{i}") for i in range(2)]
     assert all(g == BATCH_EVERY + 1 for g in gaps), taken
+
+
+def test_a_redis_error_while_saving_results_loses_nothing(redis_server, redis_client, tiny_path):
+    import pytest
+    import redis
+
+    from infra.jobstore import JobStore
+    from infra.schemas import JobCreate
+    from infra.submission import ModelInfo, build_job
+
+    settings = Settings(redis_url=redis_server.url, model=str(tiny_path))
+    store = JobStore(redis_client)
+    body = JobCreate(prompt="once upon a time", max_tokens=6, ignore_eos=True)
+    job_id = store.create(build_job(settings, ModelInfo.load(str(tiny_path)), "t", body, None))[
+        "id"
+    ]
+    service = WorkerService(make_engine(tiny_path), settings, "p", ["short"])
+    real_ack, failures = service.taker.ack, []
+
+    def flaky_ack(d, pipe):  # the first write of the result hits a Redis outage
+        if not failures:
+            failures.append(1)
+            raise redis.ConnectionError("Redis went away")
+        real_ack(d, pipe)
+
+    service.taker.ack = flaky_ack  # type: ignore[method-assign]
+    with pytest.raises(redis.ConnectionError):
+        for _ in range(100):
+            service._iterate()
+    assert failures and job_id in service.held  # still held: its lease keeps being refreshed
+    assert store.get(job_id)["status"] == "in_progress"  # type: ignore[index]
+    service._iterate()  # Redis is back: the unsaved result is written first
+    record = store.get(job_id)
+    assert record is not None and record["status"] == "completed", record
+    assert record["completion_tokens"] == "6" and not service.held
+    assert redis_client.hlen("unacked") == 0  # and its message acknowledged
+    service._shutdown()
