@@ -48,6 +48,9 @@ class Actuator(Protocol):
 
     def remove_drained(self, pool: PoolConfig) -> list[str]: ...
 
+    def publish(self, pool: PoolConfig, backlog_jobs: int, workers: int) -> None:
+        """After each observation: what the pool's queue looks like (AWS: CloudWatch)."""
+
     def close(self) -> None: ...
 
 
@@ -121,6 +124,9 @@ class LocalActuator:
             removed.append(worker_id)
         return removed
 
+    def publish(self, pool: PoolConfig, backlog_jobs: int, workers: int) -> None:
+        pass  # nothing outside this machine watches a local pool
+
     def close(self) -> None:
         """Drain everything (SIGTERM: workers hand their jobs back) and wait."""
         procs = [p.proc for pool in self.procs.values() for p in pool.values()]
@@ -137,6 +143,7 @@ class LocalActuator:
 # -- AWS Auto Scaling -------------------------------------------------------------------
 
 PROTECT_WHEN_RUNNING = True
+LIVE_STATES = ("Pending", "Pending:Wait", "Pending:Proceed", "InService", "Terminating:Wait")
 PENDING = "pending-"  # id of capacity the group was asked for but has not listed yet
 
 
@@ -182,9 +189,9 @@ class AwsActuator:
         group: dict[str, Any] = groups["AutoScalingGroups"][0]
         return group
 
-    def _instances(self, pool: PoolConfig) -> list[dict[str, Any]]:
-        live = ("Pending", "Pending:Wait", "Pending:Proceed", "InService", "Terminating:Wait")
-        return [i for i in self._group(pool)["Instances"] if i["LifecycleState"] in live]
+    @staticmethod
+    def _live(group: dict[str, Any]) -> list[dict[str, Any]]:
+        return [i for i in group["Instances"] if i["LifecycleState"] in LIVE_STATES]
 
     def _by_instance(self) -> dict[str, tuple[str, dict[str, str]]]:
         from infra.controller import read_heartbeats
@@ -195,8 +202,7 @@ class AwsActuator:
     def list_workers(self, pool: PoolConfig) -> list[ActuatedWorker]:
         beats = self._by_instance()
         group = self._group(pool)
-        live = ("Pending", "Pending:Wait", "Pending:Proceed", "InService", "Terminating:Wait")
-        instances = [i for i in group["Instances"] if i["LifecycleState"] in live]
+        instances = self._live(group)
         out = []
         # Capacity asked for but not listed yet counts as starting, so the next poll does
         # not launch it again.
@@ -212,10 +218,6 @@ class AwsActuator:
             out.append(ActuatedWorker(worker_id, state, time.time()))
             if beat is not None:
                 self._protect(pool, iid, int(beat.get("held", 0) or 0) > 0)
-        try:
-            self._publish_backlog(pool, len(instances))
-        except Exception as e:  # throttling, a missing permission: scaling goes on
-            log.warning("pool %s: BacklogPerInstance not published: %s", pool.name, e)
         return out
 
     def launch(self, pool: PoolConfig, n: int) -> None:
@@ -243,7 +245,7 @@ class AwsActuator:
         """Terminate instances whose worker finished draining (its heartbeat is gone) or
         that never started one (nothing to drain)."""
         beats = self._by_instance()
-        live = {i["InstanceId"] for i in self._instances(pool)}
+        live = {i["InstanceId"] for i in self._live(self._group(pool))}
         removed = []
         for iid, worker_id in list(self.draining.items()):
             if iid not in live:
@@ -275,22 +277,23 @@ class AwsActuator:
         )  # fmt: skip
         self.protected[iid] = want
 
-    def _publish_backlog(self, pool: PoolConfig, instances: int) -> None:
-        from infra.backlog import read_backlog
-
-        backlog = read_backlog(self.r)
-        jobs = sum(backlog[b].jobs for b in self.fleet.home_buckets(pool.name))
-        self.cw.put_metric_data(
-            Namespace=self.fleet.aws.cloudwatch_namespace,
-            MetricData=[
-                {
-                    "MetricName": "BacklogPerInstance",
-                    "Dimensions": [{"Name": "Pool", "Value": pool.name}],
-                    "Value": jobs / max(instances, 1),
-                    "Unit": "Count",
-                }
-            ],
-        )
+    def publish(self, pool: PoolConfig, backlog_jobs: int, workers: int) -> None:
+        """BacklogPerInstance (queued home-bucket jobs per instance, dimension Pool) for
+        those who prefer native target tracking. A failure is logged: scaling goes on."""
+        try:
+            self.cw.put_metric_data(
+                Namespace=self.fleet.aws.cloudwatch_namespace,
+                MetricData=[
+                    {
+                        "MetricName": "BacklogPerInstance",
+                        "Dimensions": [{"Name": "Pool", "Value": pool.name}],
+                        "Value": backlog_jobs / max(workers, 1),
+                        "Unit": "Count",
+                    }
+                ],
+            )
+        except Exception as e:  # throttling, a missing permission
+            log.warning("pool %s: BacklogPerInstance not published: %s", pool.name, e)
 
     def close(self) -> None:
         pass

@@ -162,20 +162,15 @@ def _client_flags(p: argparse.ArgumentParser) -> None:
 def _load_prompts(args: argparse.Namespace) -> list[dict[str, Any]]:
     items: list[dict[str, Any]] = [{"prompt": p} for p in args.prompt]
     if args.prompts_file:
-        with open(args.prompts_file) as f:
-            for n, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    item = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise SystemExit(f"{args.prompts_file}:{n}: not valid JSON ({e.msg})") from None
-                if not isinstance(item, dict) or not isinstance(item.get("prompt"), str):
-                    raise SystemExit(f'{args.prompts_file}:{n}: needs a string field "prompt"')
-                unknown = set(item) - {"prompt", *GENERATE_OVERRIDES}
-                if unknown:
-                    raise SystemExit(f"{args.prompts_file}:{n}: unknown fields {sorted(unknown)}")
+        from infra.jsonl import iter_objects
+
+        try:
+            for n, item in iter_objects(args.prompts_file, {"prompt", *GENERATE_OVERRIDES}):
+                if not isinstance(item.get("prompt"), str):
+                    raise ValueError(f'{args.prompts_file}:{n}: needs a string field "prompt"')
                 items.append(item)
+        except ValueError as e:
+            raise SystemExit(str(e)) from None
     if not items:
         raise SystemExit("no prompts: give --prompt TEXT or --prompts-file FILE.jsonl")
     return items

@@ -19,7 +19,7 @@ from typing import Any
 import redis
 
 from infra import controller_metrics as m
-from infra.actuators import ActuatedWorker, Actuator
+from infra.actuators import Actuator
 from infra.autoscale import (
     Decision,
     PoolObservation,
@@ -122,7 +122,7 @@ class Controller:
             beat = beats.get(w.worker_id)
             state = w.state
             if state != "draining" and beat is not None:
-                state = "draining" if beat.get("state") == "draining" else "ready"
+                state = "draining" if beat.get("draining") == "1" else "ready"
             running = int(beat.get("held", 0)) if beat else 0
             idle = beat.get("idle_since") if beat else None
             views.append(WorkerView(w.worker_id, state, running, float(idle) if idle else None))
@@ -140,6 +140,7 @@ class Controller:
         decisions = []
         for name, pool in self.fleet.pools.items():
             obs = observations[name]
+            self.actuator.publish(pool, obs.backlog_jobs, len(obs.workers))
             d = decide(pool, obs, self.states[name], self.fleet.controller)
             try:
                 self._act(pool, d)
@@ -206,6 +207,3 @@ def start_metrics_server(port: int, host: str = "127.0.0.1") -> str:
     if bound_host in ("0.0.0.0", "::"):  # advertise an address others can reach
         bound_host = socket.gethostbyname(socket.gethostname())
     return f"http://{bound_host}:{bound}/metrics"
-
-
-__all__ = ["ActuatedWorker", "Controller", "read_heartbeats"]

@@ -97,19 +97,18 @@ class LocalFleet:
 
     def _fleet_config(self) -> FleetConfig:
         a = self.args
-        if a.fleet:
-            return load_fleet(a.fleet)
-        fleet = local_default_fleet(a.workers)
-        pool = fleet.pools["default"]
-        if a.min_workers is not None or a.max_workers is not None:
-            pool.min_workers = a.min_workers if a.min_workers is not None else 0
-            pool.max_workers = a.max_workers if a.max_workers is not None else max(a.workers, 1)
-            if pool.min_workers > pool.max_workers or pool.max_workers < 1:
-                raise SystemExit(
-                    f"tide up: --min-workers ({pool.min_workers}) must be <= --max-workers "
-                    f"({pool.max_workers}) and --max-workers at least 1"
-                )
-        return fleet
+        try:
+            if a.fleet:
+                return load_fleet(a.fleet)
+            if a.min_workers is None and a.max_workers is None:
+                return local_default_fleet(a.workers)
+            low = a.min_workers if a.min_workers is not None else 0
+            high = a.max_workers if a.max_workers is not None else max(a.workers, 1)
+            if high < 1:
+                raise ValueError(f"--max-workers must be at least 1, got {high}")
+            return local_default_fleet(low, high)
+        except ValueError as e:  # names the field and the limit
+            raise SystemExit(f"tide up: {e}") from None
 
     def _banner(self, url: str, settings: Settings, model: str) -> None:
         pools = ", ".join(

@@ -170,8 +170,9 @@ def load_fleet(path: str | Path) -> FleetConfig:
     return parse_fleet(data, str(p))
 
 
-def local_default_fleet(workers: int = 1) -> FleetConfig:
-    """What `tide up` runs without a fleet file: one CPU pool serving every bucket."""
+def local_default_fleet(min_workers: int = 1, max_workers: int | None = None) -> FleetConfig:
+    """What `tide up` runs without a fleet file: one CPU pool serving every bucket
+    (min = max unless max_workers is given); bad sizes raise ValueError naming them."""
     return parse_fleet(
         {
             "controller": {"poll_interval_s": 1.0, "scale_in_cooldown_s": 10.0},
@@ -179,8 +180,8 @@ def local_default_fleet(workers: int = 1) -> FleetConfig:
                 "default": {
                     "buckets": list(BUCKETS),
                     "device": "cpu",
-                    "min_workers": workers,
-                    "max_workers": max(workers, 1),
+                    "min_workers": min_workers,
+                    "max_workers": max(min_workers, 1) if max_workers is None else max_workers,
                     "idle_s": 60.0,
                     "cold_start_s": 5.0,
                 }

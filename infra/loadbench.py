@@ -128,11 +128,16 @@ class TraceRow:
 
 def load_trace(path: Path) -> list[TraceRow]:
     """Parse a JSONL trace: {prompt | prompt_len, max_tokens, offset?} per line."""
+    from infra.jsonl import iter_objects
+
     rows: list[TraceRow] = []
-    with open(path) as f:
-        for n, line in enumerate(f, 1):
-            if line.strip():
-                rows.append(_trace_row(_json(path, n, line), path, n))
+    try:
+        for n, item in iter_objects(path, TRACE_FIELDS):
+            rows.append(_trace_row(item, path, n))
+    except TraceError:
+        raise
+    except ValueError as e:
+        raise TraceError(str(e)) from None
     if not rows:
         raise TraceError(f"{path}: the trace has no requests")
     with_offset = sum(r.offset is not None for r in rows)
@@ -143,22 +148,8 @@ def load_trace(path: Path) -> list[TraceRow]:
     return rows
 
 
-def _json(path: Path, n: int, line: str) -> Any:
-    try:
-        return json.loads(line)
-    except json.JSONDecodeError as e:
-        raise TraceError(f"{path}:{n}: not valid JSON ({e.msg})") from None
-
-
 def _trace_row(item: Any, path: Path, n: int) -> TraceRow:
     where = f"{path}:{n}"
-    if not isinstance(item, dict):
-        raise TraceError(f"{where}: each line must be a JSON object")
-    unknown = set(item) - TRACE_FIELDS
-    if unknown:
-        raise TraceError(
-            f"{where}: unknown fields {sorted(unknown)} (allowed: {sorted(TRACE_FIELDS)})"
-        )
     if ("prompt" in item) == ("prompt_len" in item):
         raise TraceError(f"{where}: give exactly one of prompt or prompt_len")
     if "prompt" in item and (not isinstance(item["prompt"], str) or not item["prompt"]):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import json
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -81,8 +82,6 @@ class Taker:
         self._take = client.register_script(_TAKE)
 
     def take(self, queue_names: list[str], limit: int) -> list[Delivery]:
-        import time
-
         raw = self._take(keys=[UNACKED, UNACKED_INDEX, *queue_names], args=[limit, time.time()])
         out = []
         for q, m in zip(raw[::2], raw[1::2], strict=True):

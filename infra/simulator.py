@@ -321,26 +321,11 @@ def _lognormal(rng: Any, n: int, median: float, sigma: float, low: int, high: in
 def load_trace(path: str | Path, hours: float | None = None) -> tuple[list[Job], float]:
     """A JSONL trace: one job a line, {"arrival_s", "prompt_tokens", "max_tokens",
     "output_tokens"?, "id"?}; output_tokens defaults to max_tokens. Errors name line and field."""
+    from infra.jsonl import iter_objects
+
     p = Path(path)
-    try:
-        lines = p.read_text().splitlines()
-    except OSError as e:
-        raise ValueError(f"trace {p}: {e.strerror}") from None
     rows = []
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            item = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{p}:{n}: not valid JSON ({e.msg})") from None
-        if not isinstance(item, dict):
-            raise ValueError(f"{p}:{n}: each line is a JSON object")
-        unknown = set(item) - TRACE_FIELDS
-        if unknown:
-            raise ValueError(
-                f"{p}:{n}: unknown fields {sorted(unknown)}; known: {sorted(TRACE_FIELDS)}"
-            )
+    for n, item in iter_objects(p, TRACE_FIELDS):
         t = item.get("arrival_s")
         if isinstance(t, bool) or not isinstance(t, int | float) or not 0 <= t < math.inf:
             raise ValueError(f"{p}:{n}: field arrival_s must be a number >= 0, got {t!r}")

@@ -91,7 +91,6 @@ class WorkerService:
         self.metrics = WorkerMetrics.for_engine(engine, pool, settings)
         self.metrics_url = ""  # set when the metrics endpoint starts (run)
         self._served_work = 0  # prompt + max tokens of jobs finished, for the controller
-        self._last_served = (time.monotonic(), 0)
         self._idle_since: float | None = time.time()
 
     def _subscribe(self) -> redis.client.PubSub:
@@ -391,9 +390,6 @@ class WorkerService:
         produced = stats["generation_tokens"] - tokens
         rate = produced / (now - then) if now > then else 0.0
         self._last_tokens = (now, stats["generation_tokens"])
-        then, served = self._last_served
-        served_rate = (self._served_work - served) / (now - then) if now > then else 0.0
-        self._last_served = (now, self._served_work)
         info = {
             "worker_id": self.worker_id,
             "pool": self.pool,
@@ -407,8 +403,6 @@ class WorkerService:
             "kv_cache_usage": round(stats["kv_cache_usage"], 4),
             "tokens_per_s": round(rate, 2),
             "draining": int(self.draining),
-            "state": "draining" if self.draining else "ready",
-            "served_tokens_per_s": round(served_rate, 2),
             "served_work_total": self._served_work,
             "idle_since": "" if self._idle_since is None else self._idle_since,
             "instance_id": self.settings.instance_id,

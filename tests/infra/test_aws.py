@@ -259,8 +259,9 @@ def test_capacity_not_listed_yet_counts_so_a_burst_is_not_launched_twice(redis_c
     pool = fleet.pools["gpu"]
     asg = _FakeGroup(desired=3, instances=["i-1"])  # asked for 3, one listed so far
     actuator = AwsActuator(fleet, redis_client, autoscaling=asg, cloudwatch=_BrokenCloudWatch())
-    workers = actuator.list_workers(pool)  # and CloudWatch failing does not stop it
+    workers = actuator.list_workers(pool)
     assert [w.state for w in workers] == ["starting"] * 3
+    actuator.publish(pool, 30, len(workers))  # CloudWatch failing is logged, not raised
     # The controller sees 3 workers starting: a demand of 3 launches nothing more.
     from infra.autoscale import PoolObservation, WorkerView
 

@@ -161,7 +161,7 @@ def test_trace_file_parses_and_buckets(tmp_path: Path) -> None:
     ("line", "message"),
     [
         ("{not json", r"trace.jsonl:2: not valid JSON"),
-        ("[1, 2]", r"trace.jsonl:2: each line is a JSON object"),
+        ("[1, 2]", r"trace.jsonl:2: each line must be a JSON object"),
         ('{"prompt_tokens": 5, "max_tokens": 5}', r"trace.jsonl:2: field arrival_s .*None"),
         ('{"arrival_s": -1, "prompt_tokens": 5, "max_tokens": 5}', r":2: field arrival_s"),
         ('{"arrival_s": 1, "prompt_tokens": 0, "max_tokens": 5}', r":2: field prompt_tokens"),
@@ -181,7 +181,7 @@ def test_trace_errors_name_line_and_field(tmp_path: Path, line: str, message: st
 def test_empty_or_missing_trace(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="no jobs"):
         sim.load_trace(write(tmp_path, ""))
-    with pytest.raises(ValueError, match=r"trace .*nope\.jsonl"):
+    with pytest.raises(ValueError, match=r"nope\.jsonl: No such file"):
         sim.load_trace(tmp_path / "nope.jsonl")
 
 
