@@ -1,5 +1,11 @@
 """Paged attention and KV-cache write: the torch reference (CPU, and any device).
 
+Backends: ``torch`` (this file: gather the blocks, then SDPA), ``cpp`` (decode rows
+through ``kernels/csrc``'s native kernel, which reads K/V in place from the block pool;
+prefill chunks stay on SDPA, which is GEMM-shaped and fast there) and ``triton``
+(CUDA). ``auto`` picks triton for CUDA tensors, cpp on CPU where it builds, and the
+torch reference otherwise.
+
 Cache layout per layer, for K and for V: ``[num_kv_heads, num_blocks, block_size,
 head_dim]`` (head-major), so gathering a sequence's blocks yields one contiguous
 ``[kv_heads, tokens, head_dim]`` matrix per head with no transposing copy. A token at
@@ -17,6 +23,8 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
+
+from kernels import cpu as cpu_kernels
 
 
 @dataclass
@@ -47,12 +55,13 @@ class AttentionMetadata:
     prefills: list[PrefillChunk] = field(default_factory=list)
 
 
-BACKENDS = ("auto", "torch", "triton")
+BACKENDS = ("auto", "torch", "cpp", "triton")
 _backend = "auto"
 
 
 def set_attention_backend(name: str) -> None:
-    """auto: Triton on CUDA tensors, the torch reference elsewhere; torch|triton force one.
+    """auto: Triton on CUDA tensors, the native kernel on CPU (torch reference where it
+    cannot be built); torch|cpp|triton force one.
 
     Forcing triton on CPU needs TRITON_INTERPRET=1 (tests and debugging).
     """
@@ -61,11 +70,21 @@ def set_attention_backend(name: str) -> None:
         raise ValueError(f"attention backend must be one of {', '.join(BACKENDS)}, got {name!r}")
     if name == "triton":
         import kernels.triton_attention  # noqa: F401 - fail now if Triton is missing
+    if name == "cpp" and cpu_kernels.ops() is None:
+        raise RuntimeError(
+            "attention backend cpp: the native CPU kernels could not be built (see the log)"
+        )
     _backend = name
 
 
 def _use_triton(t: torch.Tensor) -> bool:
     return _backend == "triton" or (_backend == "auto" and t.is_cuda)
+
+
+def _use_cpp(t: torch.Tensor) -> bool:
+    if t.is_cuda or t.dtype not in (torch.float32, torch.bfloat16):
+        return False
+    return _backend == "cpp" or (_backend == "auto" and cpu_kernels.ops() is not None)
 
 
 def write_kv_cache(
@@ -103,8 +122,14 @@ def paged_attention(
     if _use_triton(query):
         return _triton_attention(query, k_cache, v_cache, meta, scale)
     out = torch.empty_like(query)
+    cpp = _use_cpp(query)
     for group in meta.decode_groups:
-        out[group.rows] = _decode_attention(query[group.rows], k_cache, v_cache, group, scale)
+        if cpp:
+            out[group.rows] = cpu_kernels.ops().paged_decode_attention(
+                query[group.rows], k_cache, v_cache, group.block_tables, group.context_lens, scale
+            )
+        else:
+            out[group.rows] = _decode_attention(query[group.rows], k_cache, v_cache, group, scale)
     for chunk in meta.prefills:
         out[chunk.rows] = _prefill_attention(query, key, value, k_cache, v_cache, chunk, scale)
     return out

@@ -22,7 +22,7 @@ class EngineConfig:
     kv_cache_fraction: float = 0.5
     num_kv_blocks: int | None = None
     enable_prefix_caching: bool = True
-    attention_backend: str = "auto"  # auto (Triton on CUDA) | torch | triton
+    attention_backend: str = "auto"  # auto (Triton on CUDA, cpp on CPU) | torch | cpp | triton
     # continuous: admit whenever there is room. static: admit only into an empty engine,
     # then run that batch to completion (HF-generate-style; a baseline for benchmarks).
     batching: str = "continuous"
@@ -40,9 +40,10 @@ class EngineConfig:
             raise ValueError(f"kv_cache_memory must be positive bytes, got {self.kv_cache_memory}")
         if not 0.0 < self.kv_cache_fraction <= 1.0:
             raise ValueError(f"kv_cache_fraction must be in (0, 1], got {self.kv_cache_fraction}")
-        if self.attention_backend not in ("auto", "torch", "triton"):
+        if self.attention_backend not in ("auto", "torch", "cpp", "triton"):
             raise ValueError(
-                f"attention_backend must be auto, torch or triton, got {self.attention_backend!r}"
+                "attention_backend must be auto, torch, cpp or triton, "
+                f"got {self.attention_backend!r}"
             )
         if self.batching not in ("continuous", "static"):
             raise ValueError(f"batching must be continuous or static, got {self.batching!r}")
