@@ -6,6 +6,7 @@ import argparse
 import importlib
 import json
 import logging
+import os
 import sys
 from typing import Any
 
@@ -363,6 +364,10 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # Before torch loads: its CPU allocator then backs tensors of 2 MiB and more with
+    # transparent huge pages, which lifts streaming reads of weights and KV blocks by
+    # about a quarter here (no TLB walk per 4 KiB page). THP_MEM_ALLOC_ENABLE=0 opts out.
+    os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,

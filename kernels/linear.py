@@ -1,9 +1,14 @@
-"""Dense projections. On CPU in bfloat16, weights are pre-packed once for oneDNN.
+"""Dense projections. On CPU in bfloat16, weights are pre-packed once.
 
-oneDNN's packed layout streams bf16 weights about a third faster than ``F.linear``
-on plain tensors at decode batch sizes (measured in scripts/bench_engine.py's
-roofline section). Where the packed op is missing or disagrees with ``F.linear`` on a
-probe, the plain path is used; the choice is made once per process.
+Two packed copies serve the two regimes of a decode engine:
+- up to ``gemv_max_rows()`` rows (batch-1 and small-batch decode), the native GEMV of
+  ``kernels/csrc`` streams its own layout at close to the machine's read bandwidth
+  (``python scripts/bench_kernels.py --gemv``: about 1.3x oneDNN at one row);
+- more rows (larger decode batches, prefill chunks) go to oneDNN's packed matmul
+  (AMX where present), about a third faster than ``F.linear`` on plain tensors.
+The GEMV copy doubles the weight memory of a CPU worker; set ``TIDE_CPU_KERNELS=0`` to
+trade that latency for memory. Where the oneDNN op is missing or disagrees with
+``F.linear`` on a probe, the plain path is used; the choice is made once per process.
 """
 
 from __future__ import annotations
@@ -12,6 +17,8 @@ import functools
 
 import torch
 import torch.nn.functional as F
+
+from kernels import cpu as cpu_kernels
 
 
 @functools.cache
@@ -32,18 +39,21 @@ class Linear:
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         self.out_features, self.in_features = weight.shape
         self.bias = bias
-        self.packed = (
-            weight.device.type == "cpu"
-            and weight.dtype == torch.bfloat16
-            and torch.backends.mkldnn.is_available()
-            and _packed_linear_works()
-        )
+        cpu_bf16 = weight.device.type == "cpu" and weight.dtype == torch.bfloat16
+        self.gemv_rows = 0
+        self.gemv_weight: torch.Tensor | None = None
+        if cpu_bf16 and self.in_features % 32 == 0 and cpu_kernels.gemv_max_rows() > 0:
+            self.gemv_weight = cpu_kernels.ops().gemv_pack_bf16(weight)
+            self.gemv_rows = cpu_kernels.gemv_max_rows()
+        self.packed = cpu_bf16 and torch.backends.mkldnn.is_available() and _packed_linear_works()
         if self.packed:
             self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, 1)
         else:
             self.weight = weight
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if 0 < x.shape[0] <= self.gemv_rows and x.dim() == 2:
+            return cpu_kernels.ops().gemv_bf16(x, self.gemv_weight, self.bias, self.out_features)
         if self.packed:
             return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)

@@ -13,6 +13,7 @@
 // scalar loop.
 
 #include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
@@ -40,6 +41,10 @@ inline float to_float(T v) {
 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
 #if defined(__AVX512BF16__)
 inline __m512bh as_bh(__m512i v) { return reinterpret_cast<__m512bh&>(v); }
+inline __m512 widen_bf16(__m256bh v) {
+  const __m256i raw = reinterpret_cast<const __m256i&>(v);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+}
 #endif
 inline __m512 load16(const at::BFloat16* p) {
   __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
@@ -48,8 +53,8 @@ inline __m512 load16(const at::BFloat16* p) {
 #endif
 
 #if defined(__AVX512F__)
-// e^x for x <= 0 (softmax after subtracting the max): 2^n * e^r with |r| <= ln2/2 and
-// a degree-6 Taylor polynomial, relative error about 1e-7.
+// e^x as 2^n * e^r with |r| <= ln2/2 and a degree-6 Taylor polynomial, relative error
+// about 1e-7; inputs below -87 give e^-87, large ones overflow to inf.
 inline __m512 exp512(__m512 x) {
   x = _mm512_max_ps(x, _mm512_set1_ps(-87.f));
   const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
@@ -108,6 +113,14 @@ void pv_heads(const float* p, int64_t Lp, const float* inv_sum, int64_t len, con
     const __m512 scale = _mm512_set1_ps(inv_sum[h]);
     for (int v = 0; v < NV; ++v) _mm512_storeu_ps(out + h * D + 16 * v, _mm512_mul_ps(acc[h][v], scale));
   }
+}
+
+// Lane r of the result (r < 4) is the sum of v[r]'s lanes.
+__attribute__((always_inline)) inline __m512 transpose_sum4(const __m512* v) {
+  __m512 w[16];
+  for (int i = 0; i < 4; ++i) w[i] = v[i];
+  for (int i = 4; i < 16; ++i) w[i] = _mm512_setzero_ps();
+  return transpose_sum16(w);
 }
 
 // One (row, kv head) task with head_dim = 16 * NV. Scores are computed 16 tokens at a
@@ -337,53 +350,212 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
   return out;
 }
 
+// ---------------------------------------------------------------- fused elementwise
+//
+// One pass each over the step's rows instead of the 4-8 small ops (and temporaries)
+// their torch spelling costs; at batch 1 that overhead is a third of a decode step.
+// Rounding follows Hugging Face's bf16 modules: norm in fp32, rounded to the model
+// dtype before the weight multiply; silu rounded before the up multiply.
+
+// float32 and bfloat16 only: the dtypes the engine runs.
+#define TIDE_DISPATCH(TYPE, NAME, ...)                                     \
+  AT_DISPATCH_SWITCH(TYPE, NAME, AT_DISPATCH_CASE(at::kFloat, __VA_ARGS__) \
+                                     AT_DISPATCH_CASE(at::kBFloat16, __VA_ARGS__))
+
+template <typename T>
+inline T round_to(float v) {
+  return static_cast<T>(v);
+}
+
+// out = w * (x / rms(x)), optionally after hidden += delta (rounded to T), per row.
+template <typename T>
+void rms_norm_rows(T* hidden, const T* delta, const T* w, T* out, int64_t rows, int64_t dim, int64_t h_stride,
+                   int64_t d_stride, float eps) {
+  at::parallel_for(0, rows, 16, [&](int64_t r0, int64_t r1) {
+    std::vector<float> xf(dim);
+    for (int64_t r = r0; r < r1; ++r) {
+      T* h = hidden + r * h_stride;
+      if (delta) {
+        const T* d = delta + r * d_stride;
+        for (int64_t i = 0; i < dim; ++i) h[i] = round_to<T>(to_float(h[i]) + to_float(d[i]));
+      }
+      float ss = 0.f;
+#pragma omp simd reduction(+ : ss)
+      for (int64_t i = 0; i < dim; ++i) {
+        xf[i] = to_float(h[i]);
+        ss += xf[i] * xf[i];
+      }
+      const float inv = 1.f / std::sqrt(ss / static_cast<float>(dim) + eps);
+      T* o = out + r * dim;
+      for (int64_t i = 0; i < dim; ++i) o[i] = round_to<T>(to_float(w[i]) * to_float(round_to<T>(xf[i] * inv)));
+    }
+  });
+}
+
+void check_rows(const at::Tensor& x, const at::Tensor& w, const char* name) {
+  TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1, name, ": x must be [rows, dim] with unit last stride");
+  TORCH_CHECK(w.dim() == 1 && w.is_contiguous() && w.size(0) == x.size(1), name, ": weight must be [", x.size(1),
+              "]");
+  TORCH_CHECK(x.scalar_type() == w.scalar_type(), name, ": x and weight dtypes differ");
+}
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
+  check_rows(x, w, "rms_norm");
+  auto out = at::empty(x.sizes(), x.options());
+  TIDE_DISPATCH(x.scalar_type(), "rms_norm", [&] {
+    rms_norm_rows<scalar_t>(x.data_ptr<scalar_t>(), nullptr, w.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(),
+                            x.size(0), x.size(1), x.stride(0), 0, static_cast<float>(eps));
+  });
+  return out;
+}
+
+// hidden += delta in place; returns rms_norm(hidden) * w.
+at::Tensor add_rms_norm_(at::Tensor& hidden, const at::Tensor& delta, const at::Tensor& w, double eps) {
+  check_rows(hidden, w, "add_rms_norm_");
+  TORCH_CHECK(delta.sizes() == hidden.sizes() && delta.stride(1) == 1 && delta.scalar_type() == hidden.scalar_type(),
+              "add_rms_norm_: delta must match hidden");
+  auto out = at::empty(hidden.sizes(), hidden.options());
+  TIDE_DISPATCH(hidden.scalar_type(), "add_rms_norm_", [&] {
+    rms_norm_rows<scalar_t>(hidden.data_ptr<scalar_t>(), delta.data_ptr<scalar_t>(), w.data_ptr<scalar_t>(),
+                            out.data_ptr<scalar_t>(), hidden.size(0), hidden.size(1), hidden.stride(0),
+                            delta.stride(0), static_cast<float>(eps));
+  });
+  return out;
+}
+
+// [rows, 2I] (gate | up) -> [rows, I]: silu(gate) * up.
+at::Tensor silu_mul(const at::Tensor& gate_up) {
+  TORCH_CHECK(gate_up.dim() == 2 && gate_up.is_contiguous() && gate_up.size(1) % 2 == 0,
+              "silu_mul: gate_up must be contiguous [rows, 2 * intermediate]");
+  const int64_t rows = gate_up.size(0), inter = gate_up.size(1) / 2;
+  auto out = at::empty({rows, inter}, gate_up.options());
+  TIDE_DISPATCH(gate_up.scalar_type(), "silu_mul", [&] {
+    const scalar_t* src = gate_up.data_ptr<scalar_t>();
+    scalar_t* dst = out.data_ptr<scalar_t>();
+    at::parallel_for(0, rows, 8, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        const scalar_t* g = src + r * 2 * inter;
+        const scalar_t* u = g + inter;
+        scalar_t* o = dst + r * inter;
+        int64_t i = 0;
+#if defined(__AVX512BF16__)
+        for (; i + 16 <= inter; i += 16) {
+          const __m512 gf = load16(g + i);
+          const __m512 one = _mm512_set1_ps(1.f);
+          __m512 act = _mm512_div_ps(gf, _mm512_add_ps(one, exp512(_mm512_sub_ps(_mm512_setzero_ps(), gf))));
+          if constexpr (std::is_same_v<scalar_t, at::BFloat16>) {
+            act = widen_bf16(_mm512_cvtneps_pbh(act));
+            const __m256bh res = _mm512_cvtneps_pbh(_mm512_mul_ps(act, load16(u + i)));
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + i), reinterpret_cast<const __m256i&>(res));
+          } else {
+            _mm512_storeu_ps(reinterpret_cast<float*>(o + i), _mm512_mul_ps(act, load16(u + i)));
+          }
+        }
+#endif
+        for (; i < inter; ++i) {
+          const float gf = to_float(g[i]);
+          const float act = to_float(round_to<scalar_t>(gf / (1.f + std::exp(-gf))));
+          o[i] = round_to<scalar_t>(act * to_float(u[i]));
+        }
+      }
+    });
+  });
+  return out;
+}
+
+// Rotate (rotate-half layout) the first `heads` heads of each row of x in place:
+// x [rows, >= heads * head_dim] (unit last stride), cos/sin [max_pos, head_dim].
+void rotary_(at::Tensor& x, const at::Tensor& positions, const at::Tensor& cos, const at::Tensor& sin,
+             int64_t heads, int64_t head_dim) {
+  TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1 && x.size(1) >= heads * head_dim, "rotary_: bad x shape");
+  TORCH_CHECK(positions.scalar_type() == at::kLong && positions.numel() == x.size(0) && positions.is_contiguous(),
+              "rotary_: positions must be contiguous int64 [rows]");
+  TORCH_CHECK(cos.is_contiguous() && sin.is_contiguous() && cos.size(1) == head_dim && head_dim % 2 == 0,
+              "rotary_: cos/sin must be contiguous [max_pos, head_dim]");
+  TORCH_CHECK(cos.scalar_type() == x.scalar_type() && sin.scalar_type() == x.scalar_type(),
+              "rotary_: cos/sin dtype must match x");
+  const int64_t rows = x.size(0), half = head_dim / 2, max_pos = cos.size(0);
+  const int64_t* pos = positions.data_ptr<int64_t>();
+  for (int64_t r = 0; r < rows; ++r)
+    TORCH_CHECK(pos[r] >= 0 && pos[r] < max_pos, "rotary_: position ", pos[r], " outside 0..", max_pos - 1);
+  TIDE_DISPATCH(x.scalar_type(), "rotary_", [&] {
+    scalar_t* xp = x.data_ptr<scalar_t>();
+    const scalar_t* cp = cos.data_ptr<scalar_t>();
+    const scalar_t* sp = sin.data_ptr<scalar_t>();
+    const int64_t stride = x.stride(0);
+    at::parallel_for(0, rows, 16, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        const scalar_t* c = cp + pos[r] * head_dim;
+        const scalar_t* s = sp + pos[r] * head_dim;
+        for (int64_t h = 0; h < heads; ++h) {
+          scalar_t* v = xp + r * stride + h * head_dim;
+          for (int64_t i = 0; i < half; ++i) {
+            const float a = to_float(v[i]), b = to_float(v[i + half]);
+            v[i] = round_to<scalar_t>(a * to_float(c[i]) - b * to_float(s[i]));
+            v[i + half] = round_to<scalar_t>(b * to_float(c[i + half]) + a * to_float(s[i + half]));
+          }
+        }
+      }
+    });
+  });
+}
+
 // ---------------------------------------------------------------- GEMV
 
-#if defined(__AVX512BF16__)
+// Packed weight layout for the GEMV: rows in groups of kRows, and within a group the
+// K dimension in chunks of 32 with the group's rows side by side:
+//   packed[n / kRows][k / 32][n % kRows][k % 32]   (N padded up with zero rows)
+// so one thread's share of the weight is a single sequential stream.
+constexpr int64_t kRows = 4;
+constexpr int64_t kMaxGemvRows = 4;
 
-// Rows [r0, r1) of y[M, N] = x[M, K] w[N, K]^T; K % 32 == 0.
+at::Tensor gemv_pack_bf16(const at::Tensor& w) {
+  TORCH_CHECK(w.scalar_type() == at::kBFloat16 && w.dim() == 2, "gemv_pack_bf16 takes a bfloat16 [N, K] weight");
+  TORCH_CHECK(w.size(1) % 32 == 0, "gemv_pack_bf16 needs K % 32 == 0, got ", w.size(1));
+  const int64_t N = w.size(0), K = w.size(1), groups = (N + kRows - 1) / kRows;
+  auto padded = at::zeros({groups * kRows, K}, w.options());
+  padded.narrow(0, 0, N).copy_(w);
+  return padded.view({groups, kRows, K / 32, 32}).permute({0, 2, 1, 3}).contiguous();
+}
+
+#if defined(__AVX512BF16__)
+// Row groups [g0, g1) of y[M, N] = x[M, K] w^T from the packed weight.
 template <int M>
-void gemv_rows(const at::BFloat16* x, const at::BFloat16* w, const at::BFloat16* bias, at::BFloat16* y,
-               int64_t N, int64_t K, int64_t r0, int64_t r1) {
-  constexpr int R = M == 1 ? 8 : 4;
-  int64_t n = r0;
-  for (; n + R <= r1; n += R) {
-    __m512 acc[M][R];
+void gemv_groups(const at::BFloat16* x, const at::BFloat16* wp, const at::BFloat16* bias, at::BFloat16* y,
+                 int64_t N, int64_t K, int64_t g0, int64_t g1) {
+  constexpr int64_t kPrefetch = 2048;  // bytes ahead of the stream
+  const int64_t chunks = K / 32;
+  for (int64_t g = g0; g < g1; ++g) {
+    const at::BFloat16* w = wp + g * kRows * K;
+    __m512 acc[M][kRows];
     for (int m = 0; m < M; ++m)
-      for (int r = 0; r < R; ++r) acc[m][r] = _mm512_setzero_ps();
-    const at::BFloat16* wr = w + n * K;
-    for (int64_t k = 0; k < K; k += 32) {
-      __m512i wv[R];
-      for (int r = 0; r < R; ++r) wv[r] = _mm512_loadu_si512(wr + r * K + k);
+      for (int r = 0; r < kRows; ++r) acc[m][r] = _mm512_setzero_ps();
+    for (int64_t c = 0; c < chunks; ++c) {
+      const at::BFloat16* wc = w + c * kRows * 32;
+      const char* pf = reinterpret_cast<const char*>(wc) + kPrefetch;
+      for (int r = 0; r < kRows; ++r) _mm_prefetch(pf + 64 * r, _MM_HINT_T0);
+      __m512i wv[kRows];
+      for (int r = 0; r < kRows; ++r) wv[r] = _mm512_loadu_si512(wc + r * 32);
       for (int m = 0; m < M; ++m) {
-        const __m512bh xv = as_bh(_mm512_loadu_si512(x + m * K + k));
-        for (int r = 0; r < R; ++r) acc[m][r] = _mm512_dpbf16_ps(acc[m][r], xv, as_bh(wv[r]));
+        const __m512bh xv = as_bh(_mm512_loadu_si512(x + m * K + c * 32));
+        for (int r = 0; r < kRows; ++r) acc[m][r] = _mm512_dpbf16_ps(acc[m][r], xv, as_bh(wv[r]));
       }
-    }
-    for (int m = 0; m < M; ++m)
-      for (int r = 0; r < R; ++r) {
-        float s = _mm512_reduce_add_ps(acc[m][r]);
-        if (bias) s += static_cast<float>(bias[n + r]);
-        y[m * N + n + r] = at::BFloat16(s);
-      }
-  }
-  for (; n < r1; ++n) {
-    __m512 acc[M];
-    for (int m = 0; m < M; ++m) acc[m] = _mm512_setzero_ps();
-    for (int64_t k = 0; k < K; k += 32) {
-      const __m512bh wv = as_bh(_mm512_loadu_si512(w + n * K + k));
-      for (int m = 0; m < M; ++m) acc[m] = _mm512_dpbf16_ps(acc[m], as_bh(_mm512_loadu_si512(x + m * K + k)), wv);
     }
     for (int m = 0; m < M; ++m) {
-      float s = _mm512_reduce_add_ps(acc[m]);
-      if (bias) s += static_cast<float>(bias[n]);
-      y[m * N + n] = at::BFloat16(s);
+      const __m512 sums = transpose_sum4(acc[m]);
+      alignas(64) float out[16];
+      _mm512_store_ps(out, sums);
+      for (int r = 0; r < kRows; ++r) {
+        const int64_t n = g * kRows + r;
+        if (n >= N) break;
+        float s = out[r];
+        if (bias) s += static_cast<float>(bias[n]);
+        y[m * N + n] = at::BFloat16(s);
+      }
     }
   }
 }
 #endif
-
-constexpr int64_t kMaxGemvRows = 4;
 
 bool gemv_supported() {
 #if defined(__AVX512BF16__)
@@ -393,16 +565,17 @@ bool gemv_supported() {
 #endif
 }
 
-at::Tensor gemv_bf16(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias) {
+at::Tensor gemv_bf16(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias,
+                     int64_t N) {
   TORCH_CHECK(gemv_supported(), "gemv_bf16 needs AVX-512 BF16");
-  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && w.scalar_type() == at::kBFloat16, "gemv_bf16 takes bfloat16");
-  TORCH_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1), "x [M, K] and w [N, K] must agree on K");
-  TORCH_CHECK(x.size(0) >= 1 && x.size(0) <= kMaxGemvRows, "gemv_bf16 takes 1..", kMaxGemvRows, " rows, got ",
-              x.size(0));
-  TORCH_CHECK(w.size(1) % 32 == 0, "gemv_bf16 needs K % 32 == 0, got ", w.size(1));
-  const int64_t M = x.size(0), N = w.size(0), K = w.size(1);
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && packed.scalar_type() == at::kBFloat16, "gemv_bf16 takes bfloat16");
+  TORCH_CHECK(packed.dim() == 4 && packed.size(2) == kRows && packed.size(3) == 32 && packed.is_contiguous(),
+              "gemv_bf16 takes a weight from gemv_pack_bf16");
+  const int64_t M = x.size(0), K = packed.size(1) * 32, groups = packed.size(0);
+  TORCH_CHECK(x.dim() == 2 && x.size(1) == K, "x must be [M, ", K, "], got ", x.sizes());
+  TORCH_CHECK(M >= 1 && M <= kMaxGemvRows, "gemv_bf16 takes 1..", kMaxGemvRows, " rows, got ", M);
+  TORCH_CHECK(N > (groups - 1) * kRows && N <= groups * kRows, "N ", N, " does not match the packed weight");
   auto xc = x.contiguous();
-  auto wc = w.contiguous();
   at::Tensor bc;
   if (bias.has_value() && bias->defined()) {
     TORCH_CHECK(bias->numel() == N && bias->scalar_type() == at::kBFloat16, "bias must be bfloat16 [N]");
@@ -411,18 +584,15 @@ at::Tensor gemv_bf16(const at::Tensor& x, const at::Tensor& w, const c10::option
   auto y = at::empty({M, N}, x.options());
 #if defined(__AVX512BF16__)
   const auto* xp = xc.data_ptr<at::BFloat16>();
-  const auto* wp = wc.data_ptr<at::BFloat16>();
+  const auto* wp = packed.data_ptr<at::BFloat16>();
   const auto* bp = bc.defined() ? bc.data_ptr<at::BFloat16>() : nullptr;
   auto* yp = y.data_ptr<at::BFloat16>();
-  // Split rows in multiples of 8 so every chunk runs the wide inner loop.
-  const int64_t units = (N + 7) / 8;
-  at::parallel_for(0, units, 16, [&](int64_t u0, int64_t u1) {
-    const int64_t r0 = u0 * 8, r1 = std::min(N, u1 * 8);
+  at::parallel_for(0, groups, 8, [&](int64_t g0, int64_t g1) {
     switch (M) {
-      case 1: gemv_rows<1>(xp, wp, bp, yp, N, K, r0, r1); break;
-      case 2: gemv_rows<2>(xp, wp, bp, yp, N, K, r0, r1); break;
-      case 3: gemv_rows<3>(xp, wp, bp, yp, N, K, r0, r1); break;
-      default: gemv_rows<4>(xp, wp, bp, yp, N, K, r0, r1); break;
+      case 1: gemv_groups<1>(xp, wp, bp, yp, N, K, g0, g1); break;
+      case 2: gemv_groups<2>(xp, wp, bp, yp, N, K, g0, g1); break;
+      case 3: gemv_groups<3>(xp, wp, bp, yp, N, K, g0, g1); break;
+      default: gemv_groups<4>(xp, wp, bp, yp, N, K, g0, g1); break;
     }
   });
 #endif
@@ -436,11 +606,21 @@ int64_t gemv_max_rows() { return gemv_supported() ? kMaxGemvRows : 0; }
 TORCH_LIBRARY(tide, m) {
   m.def("paged_decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
         "Tensor context_lens, float scale) -> Tensor");
-  m.def("gemv_bf16(Tensor x, Tensor w, Tensor? bias) -> Tensor");
+  m.def("gemv_pack_bf16(Tensor w) -> Tensor");
+  m.def("rms_norm(Tensor x, Tensor w, float eps) -> Tensor");
+  m.def("add_rms_norm_(Tensor(a!) hidden, Tensor delta, Tensor w, float eps) -> Tensor");
+  m.def("silu_mul(Tensor gate_up) -> Tensor");
+  m.def("rotary_(Tensor(a!) x, Tensor positions, Tensor cos, Tensor sin, int heads, int head_dim) -> ()");
+  m.def("gemv_bf16(Tensor x, Tensor packed, Tensor? bias, int N) -> Tensor");
   m.def("gemv_max_rows() -> int", &gemv_max_rows);
 }
 
 TORCH_LIBRARY_IMPL(tide, CPU, m) {
   m.impl("paged_decode_attention", &paged_decode_attention);
+  m.impl("gemv_pack_bf16", &gemv_pack_bf16);
+  m.impl("rms_norm", &rms_norm);
+  m.impl("add_rms_norm_", &add_rms_norm_);
+  m.impl("silu_mul", &silu_mul);
+  m.impl("rotary_", &rotary_);
   m.impl("gemv_bf16", &gemv_bf16);
 }

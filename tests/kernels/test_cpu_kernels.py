@@ -55,3 +55,88 @@ def test_paged_decode_attention_rejects_lengths_past_the_table():
     lens = torch.tensor([33], dtype=torch.int32)
     with pytest.raises(RuntimeError, match=r"context length 33 of row 0 is outside 1\.\.32"):
         ops.paged_decode_attention(torch.zeros(1, 1, 64), k_cache, k_cache, tables, lens, 1.0)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 4])
+@pytest.mark.parametrize(("n", "k"), [(260, 1024), (1027, 64), (8, 32)])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_gemv_matches_linear(rows, n, k, with_bias):
+    gen = torch.Generator().manual_seed(rows * n + k)
+    w = torch.randn(n, k, generator=gen).to(torch.bfloat16)
+    x = torch.randn(rows, k, generator=gen).to(torch.bfloat16)
+    bias = torch.randn(n, generator=gen).to(torch.bfloat16) if with_bias else None
+    got = ops.gemv_bf16(x, ops.gemv_pack_bf16(w), bias, n)
+    ref = torch.nn.functional.linear(x.float(), w.float(), None if bias is None else bias.float())
+    assert got.shape == (rows, n) and got.dtype == torch.bfloat16
+    # fp32 sums rounded once to bf16: within bf16 resolution of the exact result.
+    torch.testing.assert_close(got.float(), ref, atol=2e-2 * k**0.5 / 8, rtol=1e-2)
+
+
+def test_gemv_rejects_bad_shapes():
+    w = ops.gemv_pack_bf16(torch.zeros(8, 64, dtype=torch.bfloat16))
+    with pytest.raises(RuntimeError, match=r"gemv_bf16 takes 1\.\.4 rows, got 5"):
+        ops.gemv_bf16(torch.zeros(5, 64, dtype=torch.bfloat16), w, None, 8)
+    with pytest.raises(RuntimeError, match="K % 32 == 0, got 48"):
+        ops.gemv_pack_bf16(torch.zeros(8, 48, dtype=torch.bfloat16))
+
+
+def test_linear_small_and_large_batches_agree_with_f_linear():
+    from kernels.linear import Linear
+
+    gen = torch.Generator().manual_seed(3)
+    w = torch.randn(96, 64, generator=gen).to(torch.bfloat16)
+    layer = Linear(w)
+    assert layer.gemv_rows == 4, "bf16 CPU weights take the native GEMV for small batches"
+    for rows in (1, 4, 7):
+        x = torch.randn(rows, 64, generator=gen).to(torch.bfloat16)
+        ref = torch.nn.functional.linear(x.float(), w.float())
+        torch.testing.assert_close(layer(x).float(), ref, atol=5e-2, rtol=1e-2)
+
+
+def hf_rms_norm(x, w, eps):
+    """Hugging Face LlamaRMSNorm: fp32 statistics, rounded to the input dtype, times w."""
+    xf = x.float()
+    normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return w * normed.to(x.dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rms_norm_and_residual_add(dtype):
+    gen = torch.Generator().manual_seed(5)
+    hidden = torch.randn(37, 96, generator=gen).to(dtype)
+    delta = torch.randn(37, 96, generator=gen).to(dtype)
+    w = torch.randn(96, generator=gen).to(dtype)
+    tol = {"atol": 1e-5, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 0.02, "rtol": 0.01}
+    torch.testing.assert_close(ops.rms_norm(hidden, w, 1e-6), hf_rms_norm(hidden, w, 1e-6), **tol)
+    summed = hidden + delta
+    out = ops.add_rms_norm_(hidden, delta, w, 1e-6)
+    assert torch.equal(hidden, summed), "the residual sum is written back into hidden"
+    torch.testing.assert_close(out, hf_rms_norm(summed, w, 1e-6), **tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_silu_mul(dtype):
+    gate_up = (torch.randn(5, 2 * 45, generator=torch.Generator().manual_seed(6)) * 8).to(dtype)
+    gate, up = gate_up.chunk(2, dim=-1)
+    ref = torch.nn.functional.silu(gate) * up  # the module's own rounding in bf16
+    tol = {"atol": 1e-5, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 0.02, "rtol": 0.01}
+    torch.testing.assert_close(ops.silu_mul(gate_up), ref, **tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rotary_in_place_touches_only_the_rotated_heads(dtype):
+    from worker.models.rope import RotaryEmbedding, apply_rotary
+
+    hd, heads, extra = 16, 3, 2
+    rope = RotaryEmbedding(hd, 64, 10000.0, None, dtype, torch.device("cpu"))
+    x = torch.randn(6, (heads + extra) * hd, generator=torch.Generator().manual_seed(7)).to(dtype)
+    positions = torch.tensor([0, 5, 9, 63, 1, 2])
+    cos, sin = rope.tables(positions)
+    ref = apply_rotary(x[:, : heads * hd].view(6, heads, hd), cos, sin).reshape(6, -1)
+    untouched = x[:, heads * hd :].clone()
+    ops.rotary_(x, positions, rope.cos, rope.sin, heads, hd)
+    tol = {"atol": 1e-5, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 0.02, "rtol": 0.01}
+    torch.testing.assert_close(x[:, : heads * hd], ref, **tol)
+    assert torch.equal(x[:, heads * hd :], untouched)
+    with pytest.raises(RuntimeError, match=r"position 64 outside 0\.\.63"):
+        ops.rotary_(x, torch.full((6,), 64), rope.cos, rope.sin, heads, hd)

@@ -16,9 +16,18 @@ from worker.models.loader import load_model
 transformers = pytest.importorskip("transformers")
 
 
-def tide_prefill_logits(path: Path, ids: list[int]) -> torch.Tensor:
-    """All-position logits of one prompt through Tide's model and paged cache."""
-    engine = LLMEngine(load_model(path, "float32", "cpu"), None, EngineConfig(num_kv_blocks=64))
+def tide_prefill_logits(
+    path: Path, ids: list[int], dtype: str = "float32", native: bool = True
+) -> torch.Tensor:
+    """All-position logits of one prompt through Tide's model and paged cache.
+
+    native=False takes the torch spelling of the layer (what CUDA runs) instead of the
+    CPU native ops.
+    """
+    model = load_model(path, dtype, "cpu")
+    if not native:
+        model.native = None
+    engine = LLMEngine(model, None, EngineConfig(num_kv_blocks=64))
     n = len(ids)
     table = torch.arange(-(-n // engine.config.block_size))
     meta = AttentionMetadata(slot_mapping=torch.arange(n), block_size=engine.config.block_size)
@@ -29,8 +38,8 @@ def tide_prefill_logits(path: Path, ids: list[int]) -> torch.Tensor:
     )
 
 
-def hf_logits(path: Path, ids: list[int]) -> torch.Tensor:
-    model = transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
+def hf_logits(path: Path, ids: list[int], dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
     with torch.no_grad():
         return model(torch.tensor([ids])).logits[0].float()
 
@@ -126,3 +135,15 @@ def test_bfloat16_stays_close_to_float32(tiny_path):
         torch.tensor(ids), torch.arange(n), engine.runner.kv_caches, meta, torch.arange(n)
     )
     assert (got - ref).abs().max() < 0.05
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native-ops", "torch-ops"])
+def test_both_layer_paths_match_transformers(tiny_path, native):
+    ids = list(range(3, 90))
+    ref = hf_logits(tiny_path, ids)
+    got = tide_prefill_logits(tiny_path, ids, native=native)
+    torch.testing.assert_close(got, ref, atol=1e-4, rtol=1e-4)
+    # bf16: no further from the fp32 reference than twice transformers' own bf16 error.
+    hf_error = (hf_logits(tiny_path, ids, torch.bfloat16) - ref).abs().max()
+    got16 = tide_prefill_logits(tiny_path, ids, "bfloat16", native=native)
+    assert (got16 - ref).abs().max() <= 2 * hf_error

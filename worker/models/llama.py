@@ -2,7 +2,9 @@
 
 Weights are plain tensors, fused at load time (q|k|v and gate|up) so each layer runs
 four matmuls. Attention goes through ``kernels`` so the paged KV cache and the
-Triton path stay behind one signature.
+Triton path stay behind one signature. On CPU the elementwise glue (residual add +
+RMSNorm, RoPE in place, SiLU x up) runs as single native ops where they build
+(``kernels/cpu.py``); elsewhere as the torch expressions they replace.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels import AttentionMetadata, paged_attention, write_kv_cache
+from kernels import cpu as cpu_kernels
 from kernels.linear import Linear
 from worker.models.config import ModelConfig
 from worker.models.rope import RotaryEmbedding, apply_rotary
@@ -59,6 +62,8 @@ class LlamaModel:
         self.scale = config.head_dim**-0.5
         self.q_size = config.num_heads * config.head_dim
         self.kv_size = config.num_kv_heads * config.head_dim
+        native = self.device.type == "cpu" and self.dtype in (torch.float32, torch.bfloat16)
+        self.native = cpu_kernels.ops() if native else None
 
     @torch.inference_mode()
     def forward(
@@ -70,6 +75,8 @@ class LlamaModel:
         logits_indices: torch.Tensor,
     ) -> torch.Tensor:
         """Run the step's tokens; return float32 logits for the rows in logits_indices."""
+        if self.native is not None:
+            return self._forward_native(input_ids, positions, kv_caches, meta, logits_indices)
         cfg, n, hd = self.config, input_ids.shape[0], self.config.head_dim
         cos, sin = self.rope.tables(positions)
         hidden = F.embedding(input_ids, self.embed)
@@ -88,3 +95,37 @@ class LlamaModel:
             hidden = hidden + layer.down(F.silu(gate) * up)
         hidden = rms_norm(hidden[logits_indices], self.norm, cfg.rms_norm_eps)
         return self.lm_head(hidden).float()
+
+    def _forward_native(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        meta: AttentionMetadata,
+        logits_indices: torch.Tensor,
+    ) -> torch.Tensor:
+        """forward() with the CPU native ops; the same arithmetic, fewer passes."""
+        ops, cfg = self.native, self.config
+        n, hd, eps = input_ids.shape[0], cfg.head_dim, cfg.rms_norm_eps
+        rot_heads = cfg.num_heads + cfg.num_kv_heads
+        q_end, k_end = self.q_size, self.q_size + self.kv_size
+        hidden = F.embedding(input_ids, self.embed)
+        delta: torch.Tensor | None = None
+        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
+            if delta is None:
+                x = ops.rms_norm(hidden, layer.input_norm, eps)
+            else:
+                x = ops.add_rms_norm_(hidden, delta, layer.input_norm, eps)
+            qkv = layer.qkv(x)
+            ops.rotary_(qkv, positions, self.rope.cos, self.rope.sin, rot_heads, hd)
+            q = qkv[:, :q_end].view(n, cfg.num_heads, hd)
+            k = qkv[:, q_end:k_end].view(n, cfg.num_kv_heads, hd)
+            v = qkv[:, k_end:].view(n, cfg.num_kv_heads, hd)
+            write_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping)
+            attn = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale)
+            attn_out = layer.o(attn.reshape(n, self.q_size))
+            x = ops.add_rms_norm_(hidden, attn_out, layer.post_norm, eps)
+            delta = layer.down(ops.silu_mul(layer.gate_up(x)))
+        if delta is not None:
+            hidden.add_(delta)
+        return self.lm_head(ops.rms_norm(hidden[logits_indices], self.norm, eps)).float()
