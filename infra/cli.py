@@ -63,8 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--max-num-batched-tokens", type=int, default=1024)
     gen.add_argument("--no-prefix-caching", action="store_true")
     gen.add_argument(
-        "--attention-backend", choices=["auto", "torch", "triton"], default="auto",
-        help="auto: Triton on CUDA, the torch reference elsewhere",
+        "--attention-backend", choices=["auto", "torch", "cpp", "triton"], default="auto",
+        help="auto: Triton on CUDA, the native C++ kernel on CPU (torch reference where it "
+        "cannot be built)",
     )  # fmt: skip
     gen.add_argument("--json", action="store_true", help="one JSON object per prompt on stdout")
     gen.set_defaults(func=cmd_generate)
@@ -147,7 +148,10 @@ def _engine_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-cache-memory", type=int, default=None, help="KV pool size in bytes")
     p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument("--max-num-batched-tokens", type=int, default=1024)
-    p.add_argument("--attention-backend", choices=["auto", "torch", "triton"], default="auto")
+    p.add_argument(
+        "--attention-backend", choices=["auto", "torch", "cpp", "triton"], default="auto",
+        help="auto: Triton on CUDA, the native C++ kernel on CPU",
+    )  # fmt: skip
     p.add_argument("--no-prefix-caching", action="store_true", help="turn the prefix cache off")
     p.add_argument(
         "--batching", choices=["continuous", "static"], default="continuous",

@@ -100,6 +100,9 @@ def write_kv_cache(
 
         triton_attention.write_kv_cache(key, value, k_cache, v_cache, slot_mapping)
         return
+    if _use_cpp(key):
+        cpu_kernels.ops().write_kv_cache(key, value, k_cache, v_cache, slot_mapping)
+        return
     num_kv_heads, head_dim = k_cache.shape[0], k_cache.shape[3]
     k_cache.view(num_kv_heads, -1, head_dim).index_copy_(1, slot_mapping, key.transpose(0, 1))
     v_cache.view(num_kv_heads, -1, head_dim).index_copy_(1, slot_mapping, value.transpose(0, 1))

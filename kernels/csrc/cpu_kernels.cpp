@@ -1,8 +1,8 @@
 // CPU kernels for the engine's hot loops, registered as torch ops (namespace "tide").
 //
-//   tide::gemv_bf16(x, w, bias)  y = x w^T + b for a few rows of bf16 activations
-//       (batch-1 to small-batch decode). Weight rows are streamed once with
-//       AVX-512 BF16 dot products, two accumulation chains per row, fp32 sums.
+//   tide::gemv_bf16(x, packed, bias, N)  y = x w^T + b for one or two rows of bf16
+//       activations (batch-1 decode) from gemv_pack_bf16's layout: one sequential,
+//       prefetched weight stream per thread, AVX-512 BF16 dot products, fp32 sums.
 //   tide::paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale)
 //       one query token per row against its paged K/V, read in place from the block
 //       pool (no gather copy); each (row, kv head) pair is one task, its query heads
@@ -350,6 +350,41 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
   return out;
 }
 
+// k_cache/v_cache [kv_heads, blocks, block_size, head_dim]: row t of key/value
+// ([T, kv_heads, head_dim], unit last stride) goes to slot slot_mapping[t].
+void write_kv_cache(const at::Tensor& key, const at::Tensor& value, at::Tensor& k_cache, at::Tensor& v_cache,
+                    const at::Tensor& slot_mapping) {
+  TORCH_CHECK(key.dim() == 3 && key.stride(2) == 1 && value.sizes() == key.sizes() && value.stride(2) == 1,
+              "write_kv_cache: key/value must be [T, kv_heads, head_dim] with unit last stride");
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && k_cache.sizes() == v_cache.sizes() &&
+                  k_cache.size(0) == key.size(1) && k_cache.size(3) == key.size(2),
+              "write_kv_cache: caches must be contiguous [kv_heads, blocks, block_size, head_dim] matching key");
+  TORCH_CHECK(key.scalar_type() == k_cache.scalar_type() && value.scalar_type() == v_cache.scalar_type(),
+              "write_kv_cache: dtypes differ");
+  TORCH_CHECK(slot_mapping.scalar_type() == at::kLong && slot_mapping.is_contiguous() &&
+                  slot_mapping.numel() == key.size(0),
+              "write_kv_cache: slot_mapping must be contiguous int64 [T]");
+  const int64_t T = key.size(0), H = key.size(1), D = key.size(2);
+  const int64_t slots = k_cache.size(1) * k_cache.size(2);
+  const int64_t* slot = slot_mapping.data_ptr<int64_t>();
+  for (int64_t t = 0; t < T; ++t)
+    TORCH_CHECK(slot[t] >= 0 && slot[t] < slots, "write_kv_cache: slot ", slot[t], " outside 0..", slots - 1);
+  const int64_t bytes = D * key.element_size();
+  const auto* kp = static_cast<const char*>(key.data_ptr());
+  const auto* vp = static_cast<const char*>(value.data_ptr());
+  auto* kc = static_cast<char*>(k_cache.data_ptr());
+  auto* vc = static_cast<char*>(v_cache.data_ptr());
+  const int64_t es = key.element_size();
+  at::parallel_for(0, T, 64, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t)
+      for (int64_t h = 0; h < H; ++h) {
+        const int64_t dst = (h * slots + slot[t]) * bytes;
+        std::memcpy(kc + dst, kp + (t * key.stride(0) + h * key.stride(1)) * es, bytes);
+        std::memcpy(vc + dst, vp + (t * value.stride(0) + h * value.stride(1)) * es, bytes);
+      }
+  });
+}
+
 // ---------------------------------------------------------------- fused elementwise
 //
 // One pass each over the step's rows instead of the 4-8 small ops (and temporaries)
@@ -507,7 +542,8 @@ void rotary_(at::Tensor& x, const at::Tensor& positions, const at::Tensor& cos, 
 //   packed[n / kRows][k / 32][n % kRows][k % 32]   (N padded up with zero rows)
 // so one thread's share of the weight is a single sequential stream.
 constexpr int64_t kRows = 4;
-constexpr int64_t kMaxGemvRows = 4;
+// Past two rows oneDNN's packed matmul (AMX) is as fast or faster here.
+constexpr int64_t kMaxGemvRows = 2;
 
 at::Tensor gemv_pack_bf16(const at::Tensor& w) {
   TORCH_CHECK(w.scalar_type() == at::kBFloat16 && w.dim() == 2, "gemv_pack_bf16 takes a bfloat16 [N, K] weight");
@@ -527,22 +563,23 @@ void gemv_groups(const at::BFloat16* x, const at::BFloat16* wp, const at::BFloat
   const int64_t chunks = K / 32;
   for (int64_t g = g0; g < g1; ++g) {
     const at::BFloat16* w = wp + g * kRows * K;
-    __m512 acc[M][kRows];
-    for (int m = 0; m < M; ++m)
-      for (int r = 0; r < kRows; ++r) acc[m][r] = _mm512_setzero_ps();
-    for (int64_t c = 0; c < chunks; ++c) {
-      const at::BFloat16* wc = w + c * kRows * 32;
-      const char* pf = reinterpret_cast<const char*>(wc) + kPrefetch;
-      for (int r = 0; r < kRows; ++r) _mm_prefetch(pf + 64 * r, _MM_HINT_T0);
-      __m512i wv[kRows];
-      for (int r = 0; r < kRows; ++r) wv[r] = _mm512_loadu_si512(wc + r * 32);
-      for (int m = 0; m < M; ++m) {
-        const __m512bh xv = as_bh(_mm512_loadu_si512(x + m * K + c * 32));
-        for (int r = 0; r < kRows; ++r) acc[m][r] = _mm512_dpbf16_ps(acc[m][r], xv, as_bh(wv[r]));
-      }
-    }
+    // One pass per input row: the first streams the group's weights from memory (and
+    // prefetches ahead), the others find them in L1. Interleaving the rows in one pass
+    // measured slower at 2-3 rows on this machine.
     for (int m = 0; m < M; ++m) {
-      const __m512 sums = transpose_sum4(acc[m]);
+      __m512 acc[kRows];
+      for (int r = 0; r < kRows; ++r) acc[r] = _mm512_setzero_ps();
+      const at::BFloat16* xm = x + m * K;
+      for (int64_t c = 0; c < chunks; ++c) {
+        const at::BFloat16* wc = w + c * kRows * 32;
+        if (m == 0) {
+          const char* pf = reinterpret_cast<const char*>(wc) + kPrefetch;
+          for (int r = 0; r < kRows; ++r) _mm_prefetch(pf + 64 * r, _MM_HINT_T0);
+        }
+        const __m512bh xv = as_bh(_mm512_loadu_si512(xm + c * 32));
+        for (int r = 0; r < kRows; ++r) acc[r] = _mm512_dpbf16_ps(acc[r], xv, as_bh(_mm512_loadu_si512(wc + r * 32)));
+      }
+      const __m512 sums = transpose_sum4(acc);
       alignas(64) float out[16];
       _mm512_store_ps(out, sums);
       for (int r = 0; r < kRows; ++r) {
@@ -590,9 +627,7 @@ at::Tensor gemv_bf16(const at::Tensor& x, const at::Tensor& packed, const c10::o
   at::parallel_for(0, groups, 8, [&](int64_t g0, int64_t g1) {
     switch (M) {
       case 1: gemv_groups<1>(xp, wp, bp, yp, N, K, g0, g1); break;
-      case 2: gemv_groups<2>(xp, wp, bp, yp, N, K, g0, g1); break;
-      case 3: gemv_groups<3>(xp, wp, bp, yp, N, K, g0, g1); break;
-      default: gemv_groups<4>(xp, wp, bp, yp, N, K, g0, g1); break;
+      default: gemv_groups<2>(xp, wp, bp, yp, N, K, g0, g1); break;
     }
   });
 #endif
@@ -607,6 +642,7 @@ TORCH_LIBRARY(tide, m) {
   m.def("paged_decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
         "Tensor context_lens, float scale) -> Tensor");
   m.def("gemv_pack_bf16(Tensor w) -> Tensor");
+  m.def("write_kv_cache(Tensor key, Tensor value, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor slot_mapping) -> ()");
   m.def("rms_norm(Tensor x, Tensor w, float eps) -> Tensor");
   m.def("add_rms_norm_(Tensor(a!) hidden, Tensor delta, Tensor w, float eps) -> Tensor");
   m.def("silu_mul(Tensor gate_up) -> Tensor");
@@ -618,6 +654,7 @@ TORCH_LIBRARY(tide, m) {
 TORCH_LIBRARY_IMPL(tide, CPU, m) {
   m.impl("paged_decode_attention", &paged_decode_attention);
   m.impl("gemv_pack_bf16", &gemv_pack_bf16);
+  m.impl("write_kv_cache", &write_kv_cache);
   m.impl("rms_norm", &rms_norm);
   m.impl("add_rms_norm_", &add_rms_norm_);
   m.impl("silu_mul", &silu_mul);
