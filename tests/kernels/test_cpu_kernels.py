@@ -140,3 +140,48 @@ def test_rotary_in_place_touches_only_the_rotated_heads(dtype):
     assert torch.equal(x[:, heads * hd :], untouched)
     with pytest.raises(RuntimeError, match=r"position 64 outside 0\.\.63"):
         ops.rotary_(x, torch.full((6,), 64), rope.cos, rope.sin, heads, hd)
+
+
+def test_one_call_decode_step_equals_the_op_by_op_loop(tiny_path):
+    """tide::decode_layers runs the same kernels as LlamaModel._forward_native's loop."""
+    from tests.conftest import make_engine
+    from worker.engine import SamplingParams
+
+    class Counting:
+        """torch.ops.tide, counting decode_layers calls."""
+
+        def __init__(self):
+            self.one_call_steps = 0
+
+        def __getattr__(self, name):
+            if name == "decode_layers":
+                self.one_call_steps += 1
+            return getattr(ops, name)
+
+    def run(one_call: bool):
+        engine = make_engine(tiny_path, dtype="bfloat16", num_kv_blocks=64)
+        model = engine.runner.model
+        assert model.decode_rows == 2 and model._decode_layer_args is not None
+        if not one_call:
+            model.decode_rows = 0
+        model.native = counting = Counting()
+        calls = []
+        original = model.forward
+
+        def recording_forward(*args):
+            logits = original(*args)
+            calls.append(logits)
+            return logits
+
+        model.forward = recording_forward
+        params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+        out = engine.generate([[1, 40, 41, 42], [1, 7, 8]], params)
+        assert (counting.one_call_steps > 0) == one_call
+        return [o.token_ids for o in out], calls
+
+    tokens_fast, logits_fast = run(one_call=True)
+    tokens_loop, logits_loop = run(one_call=False)
+    assert tokens_fast == tokens_loop
+    assert len(logits_fast) == len(logits_loop) > 10
+    for a, b in zip(logits_fast, logits_loop, strict=True):
+        assert torch.equal(a, b)
