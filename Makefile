@@ -8,7 +8,7 @@ MODEL ?= dummy:tiny
 WORKERS ?= 2
 PORT ?= 8000
 
-.PHONY: install up test lint fmt typecheck bench clean
+.PHONY: install kernels up test lint fmt typecheck bench clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -19,8 +19,13 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# Native CPU kernels (kernels/csrc), built once per machine and source version; without
+# a C++ compiler this reports it and the engine keeps its torch path.
+kernels: $(STAMP)
+	$(BIN)/python -c 'from kernels.cpu import main; raise SystemExit(main())'
+
 # The embedded fleet: Redis (unless REDIS_URL is set), gateway, workers, webhooks, reaper.
-up: $(STAMP)
+up: $(STAMP) kernels
 	$(BIN)/tide up --model $(MODEL) --workers $(WORKERS) --port $(PORT)
 
 lint: $(STAMP)
@@ -34,10 +39,10 @@ fmt: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-test: $(STAMP) lint typecheck
+test: $(STAMP) lint typecheck kernels
 	$(BIN)/pytest -q
 
-bench: $(STAMP)
+bench: $(STAMP) kernels
 	$(BIN)/python scripts/bench_engine.py
 
 clean:

@@ -82,7 +82,13 @@ def _use_triton(t: torch.Tensor) -> bool:
 
 
 def _use_cpp(t: torch.Tensor) -> bool:
-    if t.is_cuda or t.dtype not in (torch.float32, torch.bfloat16):
+    return decode_reads_rows_in_place(t.device, t.dtype)
+
+
+def decode_reads_rows_in_place(device: torch.device, dtype: torch.dtype) -> bool:
+    """True where decode attention is the native kernel, which reads each row's own
+    length from the block pool (so decode rows need no grouping by length)."""
+    if device.type != "cpu" or dtype not in (torch.float32, torch.bfloat16):
         return False
     return _backend == "cpp" or (_backend == "auto" and cpu_kernels.ops() is not None)
 
@@ -124,8 +130,13 @@ def paged_attention(
     """
     if _use_triton(query):
         return _triton_attention(query, k_cache, v_cache, meta, scale)
-    out = torch.empty_like(query)
     cpp = _use_cpp(query)
+    if cpp and not meta.prefills and len(meta.decode_groups) == 1:
+        g = meta.decode_groups[0]  # the whole step: no scatter into a separate output
+        return cpu_kernels.ops().paged_decode_attention(
+            query, k_cache, v_cache, g.block_tables, g.context_lens, scale
+        )
+    out = torch.empty_like(query)
     for group in meta.decode_groups:
         if cpp:
             out[group.rows] = cpu_kernels.ops().paged_decode_attention(

@@ -13,6 +13,7 @@ import functools
 import hashlib
 import logging
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ import torch
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("csrc") / "cpu_kernels.cpp"
+STALE_LOCK_S = 600
 
 
 def _cache_dir() -> Path:
@@ -29,6 +31,15 @@ def _cache_dir() -> Path:
     tag = hashlib.sha256(SOURCE.read_bytes() + torch.__version__.encode()).hexdigest()[:12]
     path = Path(root) / f"cpu-{tag}"
     path.mkdir(parents=True, exist_ok=True)
+    # torch's build lock outlives a build that was killed; every other process would
+    # then wait on it forever. A real build takes well under STALE_LOCK_S.
+    lock = path / "lock"
+    try:
+        if time.time() - lock.stat().st_mtime > STALE_LOCK_S:
+            log.warning("removing a stale kernel build lock %s", lock)
+            lock.unlink(missing_ok=True)
+    except FileNotFoundError:
+        pass
     return path
 
 
@@ -60,3 +71,17 @@ def gemv_max_rows() -> int:
     """Largest row count the native bf16 GEMV takes (0: not on this CPU or not built)."""
     native = ops()
     return int(native.gemv_max_rows()) if native is not None else 0
+
+
+def main() -> int:
+    """Build now and say what is available (``make kernels``, before tests and workers)."""
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    native = ops()
+    if native is None:
+        print("native CPU kernels: not available; the engine uses its torch path")
+    else:
+        print(
+            f"native CPU kernels: ready in {_cache_dir()} "
+            f"(GEMV for up to {gemv_max_rows()} rows; 0 = this CPU lacks AVX-512 BF16)"
+        )
+    return 0

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Decode-sized projections: native GEMV vs oneDNN packed vs F.linear, from memory.
+"""Projections: native GEMV vs oneDNN packed vs F.linear, weights read from memory.
 
 Streams the 36 distinct projection weights of ``dummy:bench``'s 9 layers (204 MB of
 bf16, more than the caches hold) once per pass, as one decode step does, for a few row
@@ -46,7 +46,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawTextHelpFormatter
     )
-    parser.add_argument("--rows", default="1,2,4,8", help="comma-separated row counts")
+    parser.add_argument("--rows", default="1,2,8,64", help="comma-separated row counts")
     parser.add_argument("--layers", type=int, default=9)
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--threads", type=int, default=2)

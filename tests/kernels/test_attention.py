@@ -39,7 +39,8 @@ def backend(request):
 @pytest.mark.parametrize("block_size", [4, 16])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("hd", [16, 64])
-def test_mixed_decode_and_prefill_rows(ratio, block_size, dtype, hd, backend):
+@pytest.mark.parametrize("split", [True, False], ids=["groups", "one-group"])
+def test_mixed_decode_and_prefill_rows(ratio, block_size, dtype, hd, split, backend):
     gen = torch.Generator().manual_seed(ratio * 100 + block_size + hd)
     kvh = 2
     heads = kvh * ratio
@@ -59,8 +60,11 @@ def test_mixed_decode_and_prefill_rows(ratio, block_size, dtype, hd, backend):
             slots = slots_of(table, range(cached), block_size)
             write_kv_cache(k[:cached], v[:cached], k_cache, v_cache, slots)
         scheduled.append(ScheduledRequest(f"r{i}", [0] * (n - cached), cached, table, True))
-    step = build_step_inputs(scheduled, block_size, torch.device("cpu"))
-    assert len(step.meta.decode_groups) >= 2, "lengths 1..300 should form several decode groups"
+    step = build_step_inputs(scheduled, block_size, torch.device("cpu"), split_decodes=split)
+    if split:
+        assert len(step.meta.decode_groups) >= 2, "lengths 1..300 should form several groups"
+    else:
+        assert len(step.meta.decode_groups) == 1
     q, k, v = (
         torch.cat([data[s.request_id][j][s.start_pos :] for s in step.order]) for j in range(3)
     )

@@ -13,7 +13,12 @@ from dataclasses import dataclass
 import torch
 
 from kernels import AttentionMetadata
-from kernels.attention import DecodeGroup, PrefillChunk, set_attention_backend
+from kernels.attention import (
+    DecodeGroup,
+    PrefillChunk,
+    decode_reads_rows_in_place,
+    set_attention_backend,
+)
 from worker.engine.config import EngineConfig
 from worker.engine.scheduler import ScheduledRequest, SchedulerOutput
 from worker.models.llama import LlamaModel
@@ -48,6 +53,7 @@ class ModelRunner:
         cfg = model.config
         self.block_bytes = cfg.kv_bytes_per_token(model.dtype.itemsize) * self.block_size
         set_attention_backend(config.attention_backend)
+        self.one_decode_group = decode_reads_rows_in_place(self.device, model.dtype)
         triton = config.attention_backend == "triton" or (
             config.attention_backend == "auto" and self.device.type == "cuda"
         )
@@ -115,7 +121,9 @@ class ModelRunner:
         return int(total * self.config.kv_cache_fraction) - peak
 
     def execute(self, out: SchedulerOutput) -> StepResult:
-        step = build_step_inputs(out.scheduled, self.block_size, self.device)
+        step = build_step_inputs(
+            out.scheduled, self.block_size, self.device, not self.one_decode_group
+        )
         logits = self.model.forward(
             step.input_ids, step.positions, self.kv_caches, step.meta, step.logits_rows
         )
@@ -133,9 +141,17 @@ class StepInputs:
 
 
 def build_step_inputs(
-    scheduled: list[ScheduledRequest], block_size: int, device: torch.device
+    scheduled: list[ScheduledRequest],
+    block_size: int,
+    device: torch.device,
+    split_decodes: bool = True,
 ) -> StepInputs:
-    """Flatten a step: decode rows first (sorted by context, grouped), then prefill chunks."""
+    """Flatten a step: decode rows first (sorted by context, grouped), then prefill chunks.
+
+    split_decodes=False keeps every decode row in one group: for attention that reads
+    each row's own length (the native CPU kernel), padding costs nothing, and one group
+    is one kernel call.
+    """
     decodes = sorted((s for s in scheduled if s.num_tokens == 1), key=lambda s: s.start_pos)
     prefills = [s for s in scheduled if s.num_tokens > 1]
     order = decodes + prefills
@@ -152,7 +168,7 @@ def build_step_inputs(
     meta = AttentionMetadata(
         slot_mapping=torch.tensor(slots, dtype=torch.long, device=device), block_size=bs
     )
-    meta.decode_groups = _decode_groups(decodes, bs, device)
+    meta.decode_groups = _decode_groups(decodes, bs, device, split_decodes)
     # A one-token row is not always a decode: a prefill chunk cut to one token by the
     # step budget has no next token to sample yet.
     logits_rows = [i for i, s in enumerate(decodes) if s.sample]
@@ -177,13 +193,14 @@ def build_step_inputs(
 
 
 def _decode_groups(
-    decodes: list[ScheduledRequest], block_size: int, device: torch.device
+    decodes: list[ScheduledRequest], block_size: int, device: torch.device, split: bool = True
 ) -> list[DecodeGroup]:
     """Split decode rows (sorted by length) where padding to the group's longest wastes much."""
     groups, start = [], 0
     lengths = [-(-s.context_len // block_size) for s in decodes]
     for i in range(1, len(decodes) + 1):
-        if i < len(decodes) and not (lengths[i] > 2 * lengths[start] and lengths[i] > 8):
+        long_gap = i < len(decodes) and lengths[i] > 2 * lengths[start] and lengths[i] > 8
+        if i < len(decodes) and not (split and long_gap):
             continue
         rows, width = decodes[start:i], lengths[i - 1]
         tables = [s.block_table[:width] + [0] * (width - len(s.block_table)) for s in rows]
