@@ -142,21 +142,21 @@ def test_rotary_in_place_touches_only_the_rotated_heads(dtype):
         ops.rotary_(x, torch.full((6,), 64), rope.cos, rope.sin, heads, hd)
 
 
+class RecordingOps:
+    """torch.ops.tide, remembering which ops the model looked up."""
+
+    def __init__(self):
+        self.called: set[str] = set()
+
+    def __getattr__(self, name):
+        self.called.add(name)
+        return getattr(ops, name)
+
+
 def test_one_call_decode_step_equals_the_op_by_op_loop(tiny_path):
     """tide::decode_layers runs the same kernels as LlamaModel._forward_native's loop."""
     from tests.conftest import make_engine
     from worker.engine import SamplingParams
-
-    class Counting:
-        """torch.ops.tide, counting decode_layers calls."""
-
-        def __init__(self):
-            self.one_call_steps = 0
-
-        def __getattr__(self, name):
-            if name == "decode_layers":
-                self.one_call_steps += 1
-            return getattr(ops, name)
 
     def run(one_call: bool):
         engine = make_engine(tiny_path, dtype="bfloat16", num_kv_blocks=64)
@@ -164,7 +164,7 @@ def test_one_call_decode_step_equals_the_op_by_op_loop(tiny_path):
         assert model.decode_rows == 2 and model._decode_layer_args is not None
         if not one_call:
             model.decode_rows = 0
-        model.native = counting = Counting()
+        model.native = counting = RecordingOps()
         calls = []
         original = model.forward
 
@@ -176,7 +176,7 @@ def test_one_call_decode_step_equals_the_op_by_op_loop(tiny_path):
         model.forward = recording_forward
         params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
         out = engine.generate([[1, 40, 41, 42], [1, 7, 8]], params)
-        assert (counting.one_call_steps > 0) == one_call
+        assert ("decode_layers" in counting.called) == one_call
         return [o.token_ids for o in out], calls
 
     tokens_fast, logits_fast = run(one_call=True)
@@ -185,3 +185,19 @@ def test_one_call_decode_step_equals_the_op_by_op_loop(tiny_path):
     assert len(logits_fast) == len(logits_loop) > 10
     for a, b in zip(logits_fast, logits_loop, strict=True):
         assert torch.equal(a, b)
+
+
+def test_forced_attention_backend_bypasses_the_one_call_step(tiny_path):
+    from kernels import set_attention_backend
+    from tests.conftest import make_engine
+    from worker.engine import SamplingParams
+
+    engine = make_engine(tiny_path, dtype="bfloat16", num_kv_blocks=64, attention_backend="torch")
+    try:
+        model = engine.runner.model
+        assert model.decode_rows == 2
+        model.native = recording = RecordingOps()
+        engine.generate([[1, 5, 6]], SamplingParams(max_tokens=5, temperature=0.0))
+        assert "rms_norm" in recording.called and "decode_layers" not in recording.called
+    finally:
+        set_attention_backend("auto")

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 from kernels import AttentionMetadata, paged_attention, write_kv_cache
 from kernels import cpu as cpu_kernels
+from kernels.attention import decode_reads_rows_in_place
 from kernels.linear import Linear
 from worker.models.config import ModelConfig
 from worker.models.rope import RotaryEmbedding, apply_rotary
@@ -132,7 +133,12 @@ class LlamaModel:
         """forward() with the CPU native ops; the same arithmetic, fewer passes."""
         ops, cfg = self.native, self.config
         n, hd, eps = input_ids.shape[0], cfg.head_dim, cfg.rms_norm_eps
-        if n <= self.decode_rows and self._decode_layer_args and _all_one_group_decode(meta, n):
+        if (
+            n <= self.decode_rows
+            and self._decode_layer_args
+            and _all_one_group_decode(meta, n)
+            and decode_reads_rows_in_place(self.device, self.dtype)  # not forced torch/triton
+        ):
             group = meta.decode_groups[0]
             layers, biases, k_caches, v_caches = self._decode_layer_args(kv_caches)
             hidden = ops.decode_layers(
