@@ -65,8 +65,11 @@ async def create_batch(body: BatchCreate, state: StateDep, tenant: TenantDep) ->
     await asyncio.to_thread(state.batches.create, record)
     # Followed by the supervisor from now on (it re-sends a lost validate task).
     await asyncio.to_thread(state.redis.sadd, Keys.active_batches, record["id"])
+    # Read back before validation starts: a fast worker may move the batch on before
+    # this response is built, and the create call answers with the state it created.
+    created = await _owned(state, tenant, record["id"])
     await asyncio.to_thread(validate_batch.delay, record["id"])
-    return public_batch(await _owned(state, tenant, record["id"]))
+    return public_batch(created)
 
 
 async def _owned(state: StateDep, tenant: str, batch_id: str) -> dict[str, str]:
