@@ -183,7 +183,18 @@ def test_kill_9_mid_generation_loses_nothing_and_completes_once(api, fleet, flee
                 assert attempts == b"2"
                 rerun += 1
         assert rerun >= 1, "the kill should have interrupted at least one job"
-        wait_for(lambda: len(receiver.calls) >= len(ids), timeout=30)
+        try:
+            wait_for(lambda: len(receiver.calls) >= len(ids), timeout=30)
+        except AssertionError:  # say which deliveries are missing and what Redis knows
+            got = {h["webhook-id"] for h, _ in receiver.calls}
+            missing = {
+                j: fleet_redis.hmget(f"tide:job:{j}", "webhook_status", "webhook_attempts")
+                for j in ids
+                if f"msg_{j}_completed" not in got
+            }
+            raise AssertionError(
+                f"{len(got)}/{len(ids)} webhooks arrived; missing {missing}"
+            ) from None
         webhook_ids = [h["webhook-id"] for h, _ in receiver.calls]
         assert sorted(set(webhook_ids)) == sorted(webhook_ids), "a job completed twice"
         assert len(webhook_ids) == len(ids)
