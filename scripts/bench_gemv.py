@@ -26,20 +26,12 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench_engine import read_bandwidth  # this folder is on sys.path when run as a script
+
 from kernels import cpu as cpu_kernels
 
 # dummy:bench's fused projections (out, in): qkv, o, gate_up, down.
 LAYER = [(1536, 1024), (1024, 1024), (5632, 1024), (1024, 2816)]
-
-
-def read_bandwidth() -> float:
-    x = torch.ones(256 * 1024 * 1024, dtype=torch.float32)
-    best = 0.0
-    for _ in range(5):
-        t = time.perf_counter()
-        x.sum()
-        best = max(best, x.numel() * 4 / (time.perf_counter() - t))
-    return best
 
 
 def main() -> None:
