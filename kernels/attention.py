@@ -81,10 +81,6 @@ def _use_triton(t: torch.Tensor) -> bool:
     return _backend == "triton" or (_backend == "auto" and t.is_cuda)
 
 
-def _use_cpp(t: torch.Tensor) -> bool:
-    return decode_reads_rows_in_place(t.device, t.dtype)
-
-
 def decode_reads_rows_in_place(device: torch.device, dtype: torch.dtype) -> bool:
     """True where decode attention is the native kernel, which reads each row's own
     length from the block pool (so decode rows need no grouping by length)."""
@@ -106,7 +102,7 @@ def write_kv_cache(
 
         triton_attention.write_kv_cache(key, value, k_cache, v_cache, slot_mapping)
         return
-    if _use_cpp(key):
+    if decode_reads_rows_in_place(key.device, key.dtype):
         cpu_kernels.ops().write_kv_cache(key, value, k_cache, v_cache, slot_mapping)
         return
     num_kv_heads, head_dim = k_cache.shape[0], k_cache.shape[3]
@@ -130,7 +126,7 @@ def paged_attention(
     """
     if _use_triton(query):
         return _triton_attention(query, k_cache, v_cache, meta, scale)
-    cpp = _use_cpp(query)
+    cpp = decode_reads_rows_in_place(query.device, query.dtype)
     if cpp and not meta.prefills and len(meta.decode_groups) == 1:
         g = meta.decode_groups[0]  # the whole step: no scatter into a separate output
         return cpu_kernels.ops().paged_decode_attention(

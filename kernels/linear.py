@@ -2,8 +2,8 @@
 
 Two packed copies serve the two regimes of a decode engine:
 - up to ``gemv_max_rows()`` rows (2: batch-1 decode), the native GEMV of
-  ``kernels/csrc`` streams its own layout at about 80% of the machine's read
-  bandwidth, 1.2-1.3x oneDNN at one row (``python scripts/bench_gemv.py``);
+  ``kernels/csrc`` streams its own layout at about three quarters of the machine's
+  read bandwidth, 1.2-1.3x oneDNN at one row (``python scripts/bench_gemv.py``);
 - more rows (larger decode batches, prefill chunks) go to oneDNN's packed matmul
   (AMX where present), about a third faster than ``F.linear`` on plain tensors.
 The GEMV copy doubles the weight memory of a CPU worker; set ``TIDE_CPU_KERNELS=0`` to

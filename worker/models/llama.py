@@ -9,7 +9,6 @@ RMSNorm, RoPE in place, SiLU x up) runs as single native ops where they build
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -21,8 +20,6 @@ from kernels.attention import decode_reads_rows_in_place
 from kernels.linear import Linear
 from worker.models.config import ModelConfig
 from worker.models.rope import RotaryEmbedding, apply_rotary
-
-KVCaches = list[tuple[torch.Tensor, torch.Tensor]]
 
 
 @dataclass
@@ -69,7 +66,9 @@ class LlamaModel:
         native = self.device.type == "cpu" and self.dtype in (torch.float32, torch.bfloat16)
         self.native = cpu_kernels.ops() if native else None
         self.decode_rows = 0  # steps of up to this many decode rows take decode_layers
-        self._decode_layer_args = self._decode_layers_setup()
+        self._decode_weights: list[torch.Tensor] = []
+        self._decode_biases: list[torch.Tensor] = []
+        self._decode_layers_setup()
 
     @torch.inference_mode()
     def forward(
@@ -102,25 +101,17 @@ class LlamaModel:
         hidden = rms_norm(hidden[logits_indices], self.norm, cfg.rms_norm_eps)
         return self.lm_head(hidden).float()
 
-    def _decode_layers_setup(self) -> Callable[[KVCaches], tuple[list, list, list, list]] | None:
-        """Arguments for the one-call decode step (``tide::decode_layers``), or None
-        where some projection has no native GEMV weight (fp32, odd sizes, no AVX-512 BF16)."""
-        if self.native is None:
-            return None
+    def _decode_layers_setup(self) -> None:
+        """Weights for the one-call decode step (``tide::decode_layers``), where every
+        projection has a native GEMV weight (not fp32, odd sizes, or no AVX-512 BF16)."""
         linears = [lin for lay in self.layers for lin in (lay.qkv, lay.o, lay.gate_up, lay.down)]
-        if any(lin.gemv_weight is None for lin in linears):
-            return None
-        weights: list[torch.Tensor] = []
+        if self.native is None or any(lin.gemv_weight is None for lin in linears):
+            return
         for lay in self.layers:
             for part in (lay.input_norm, lay.qkv, lay.o, lay.post_norm, lay.gate_up, lay.down):
-                weights.append(part.gemv_weight if isinstance(part, Linear) else part)
-        biases = [lay.qkv.bias for lay in self.layers if lay.qkv.bias is not None]
+                self._decode_weights.append(part.gemv_weight if isinstance(part, Linear) else part)
+        self._decode_biases = [lay.qkv.bias for lay in self.layers if lay.qkv.bias is not None]
         self.decode_rows = self.layers[0].qkv.gemv_rows
-
-        def args(kv_caches: KVCaches) -> tuple[list, list, list, list]:
-            return weights, biases, [k for k, _ in kv_caches], [v for _, v in kv_caches]
-
-        return args
 
     def _forward_native(
         self,
@@ -135,15 +126,14 @@ class LlamaModel:
         n, hd, eps = input_ids.shape[0], cfg.head_dim, cfg.rms_norm_eps
         if (
             n <= self.decode_rows
-            and self._decode_layer_args
             and _all_one_group_decode(meta, n)
             and decode_reads_rows_in_place(self.device, self.dtype)  # not forced torch/triton
         ):
             group = meta.decode_groups[0]
-            layers, biases, k_caches, v_caches = self._decode_layer_args(kv_caches)
             hidden = ops.decode_layers(
-                F.embedding(input_ids, self.embed), positions, layers, biases, k_caches,
-                v_caches, meta.slot_mapping, group.block_tables, group.context_lens,
+                F.embedding(input_ids, self.embed), positions, self._decode_weights,
+                self._decode_biases, [k for k, _ in kv_caches], [v for _, v in kv_caches],
+                meta.slot_mapping, group.block_tables, group.context_lens,
                 self.rope.cos, self.rope.sin, cfg.num_heads, cfg.num_kv_heads, hd,
                 cfg.intermediate_size, eps, self.scale,
             )  # fmt: skip
