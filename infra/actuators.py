@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -28,6 +30,7 @@ from typing import Any, Protocol
 import redis
 
 from infra.fleet_config import FleetConfig, PoolConfig
+from infra.supervisor import orphan_safe
 
 log = logging.getLogger("tide.controller")
 
@@ -66,7 +69,14 @@ class _Proc:
 
 
 class LocalActuator:
-    """``tide worker`` child processes, one per worker, ids ``<pool>-local-<n>``."""
+    """``tide worker`` child processes, one per worker, ids ``<pool>-local-<run>-<n>``: the
+    run part is new for every actuator, so no id (nor its drain flag) is ever reused.
+
+    Every live process counts against ``max_workers``, draining ones included; draining a
+    local worker sends it SIGTERM, which a serving worker takes as a drain (finish what it
+    holds, hand back the rest, exit) and a worker still loading its model as an exit, so a
+    worker drained while starting never counts as capacity. After ``close`` nothing is
+    launched again (the controller thread may still be mid-decision)."""
 
     def __init__(
         self,
@@ -80,7 +90,11 @@ class LocalActuator:
         self.worker_argv = worker_argv or []  # engine flags shared by every pool
         self.log_dir = log_dir
         self.procs: dict[str, dict[str, _Proc]] = {name: {} for name in fleet.pools}
+        self.run_id = secrets.token_hex(3)
         self._seq = 0
+        self._lock = threading.Lock()
+        self.closed = False
+        self.launched = 0  # worker processes started, over the actuator's life
 
     def list_workers(self, pool: PoolConfig) -> list[ActuatedWorker]:
         return [
@@ -89,28 +103,41 @@ class LocalActuator:
             if p.proc.poll() is None or not p.draining
         ]
 
+    def live(self, pool: PoolConfig) -> int:
+        """Worker processes of the pool still running, whatever their state."""
+        return sum(p.proc.poll() is None for p in self.procs[pool.name].values())
+
     def launch(self, pool: PoolConfig, n: int) -> None:
-        for _ in range(n):
-            self._seq += 1
-            worker_id = f"{pool.name}-local-{self._seq}"
-            argv = [
-                sys.executable, "-m", "infra.cli", "worker", "--pool", pool.name,
-                "--buckets", ",".join(pool.buckets), "--worker-id", worker_id,
-                *self.worker_argv, *pool.worker_args,
-            ]  # fmt: skip
-            if pool.model:
-                argv += ["--model", pool.model]
-            out: Any = None
-            if self.log_dir:
-                out = open(os.path.join(self.log_dir, f"{worker_id}.log"), "ab")  # noqa: SIM115
-            proc = subprocess.Popen(argv, env=self.env, stdout=out, stderr=out)
-            self.procs[pool.name][worker_id] = _Proc(worker_id, proc, time.time())
-            log.info("pool %s: started worker %s (pid %d)", pool.name, worker_id, proc.pid)
+        with self._lock:
+            if self.closed:
+                return
+            for _ in range(max(min(n, pool.max_workers - self.live(pool)), 0)):
+                self._spawn(pool)
+
+    def _spawn(self, pool: PoolConfig) -> None:
+        self._seq += 1
+        self.launched += 1
+        worker_id = f"{pool.name}-local-{self.run_id}-{self._seq}"
+        argv = [
+            sys.executable, "-m", "infra.cli", "worker", "--pool", pool.name,
+            "--buckets", ",".join(pool.buckets), "--worker-id", worker_id,
+            *self.worker_argv, *pool.worker_args,
+        ]  # fmt: skip
+        if pool.model:
+            argv += ["--model", pool.model]
+        out: Any = None
+        if self.log_dir:
+            out = open(os.path.join(self.log_dir, f"{worker_id}.log"), "ab")  # noqa: SIM115
+        proc = subprocess.Popen(orphan_safe(argv), env=self.env, stdout=out, stderr=out)
+        self.procs[pool.name][worker_id] = _Proc(worker_id, proc, time.time())
+        log.info("pool %s: started worker %s (pid %d)", pool.name, worker_id, proc.pid)
 
     def drain(self, pool: PoolConfig, worker_id: str) -> None:
         p = self.procs[pool.name].get(worker_id)
-        if p is not None:
+        if p is not None and not p.draining:
             p.draining = True
+            if p.proc.poll() is None:
+                p.proc.terminate()  # SIGTERM: drain (or, still loading, exit)
 
     def remove_drained(self, pool: PoolConfig) -> list[str]:
         removed = []
@@ -129,6 +156,8 @@ class LocalActuator:
 
     def close(self) -> None:
         """Drain everything (SIGTERM: workers hand their jobs back) and wait."""
+        with self._lock:
+            self.closed = True
         procs = [p.proc for pool in self.procs.values() for p in pool.values()]
         for proc in procs:
             if proc.poll() is None:

@@ -11,8 +11,12 @@ Per pool, per decision:
                    + backlog / (rate x drain_window)      # and drain the queue within the SLO
   where drain_window = target_wait - age of the oldest job (at least 10% of the target), so
   a queue that has already waited long is drained faster;
+- no backlog and nothing running means zero demand, whatever the smoothed arrival rate
+  says: rates decide how many workers a busy pool needs, never whether an idle one needs
+  any (so a pool at zero leaves it only for a queued job, and scale to zero settles);
 - from zero: any queued job asks for at least one worker, in the first poll;
-- scale out at once (capped at max_workers, optional cooldown between scale-outs);
+- scale out at once (optional cooldown between scale-outs), capped so that every live
+  worker, starting, ready or draining, counts against max_workers;
 - scale in only when demand < hysteresis x (workers - 1), after a cooldown since the last
   change, one worker per decision, choosing the idlest, which drains first (never a busy
   worker removed: the actuator removes it once it has drained);
@@ -93,16 +97,21 @@ def decide(
     """One decision for one pool; updates state."""
     active = [w for w in obs.workers if w.state != "draining"]
     current = len(active)
+    draining = len(obs.workers) - current
     busy = obs.backlog_jobs > 0 or any(w.running > 0 for w in obs.workers)
     if busy:
         state.idle_since = None
     elif state.idle_since is None:
         state.idle_since = obs.now
-    demand = demand_workers(obs, pool)
+    # Rates decide how many, not whether: with nothing queued and nothing in flight the
+    # demand is zero, whatever the smoothed arrival rate still remembers.
+    demand = demand_workers(obs, pool) if busy else 0.0
     need = math.ceil(demand - 1e-9)
     if obs.backlog_jobs > 0:
         need = max(need, 1)  # from zero on the first job
     need = min(max(need, pool.min_workers), pool.max_workers)
+    # The cap counts every live worker: draining ones still hold a process (or an instance).
+    room = pool.max_workers - draining
 
     def done(action: str, desired: int, reason: str, drain: list[str] | None = None) -> Decision:
         if action != "hold":
@@ -112,10 +121,15 @@ def decide(
         return Decision(pool.name, action, current, desired, demand, reason, drain or [])
 
     if need > current:
+        if room <= current:
+            return done(
+                "hold", current,
+                f"at max_workers {pool.max_workers} with {draining} draining ({need} wanted)",
+            )  # fmt: skip
         if obs.now - state.last_scale_out < controller.scale_out_cooldown_s:
             return done("hold", current, f"scale-out cooldown ({need} wanted)")
         return done(
-            "scale_out", need,
+            "scale_out", min(need, room),
             f"demand {demand:.2f} workers: backlog {obs.backlog_tokens} tok "
             f"({obs.backlog_jobs} jobs, oldest {obs.oldest_age_s:.1f}s), "
             f"arrivals {obs.arrival_tokens_per_s:.0f} tok/s, "

@@ -157,11 +157,20 @@ class Controller:
             try:
                 for worker_id in self.actuator.remove_drained(pool):
                     log.info("pool %s: removed drained worker %s", pool.name, worker_id)
+                    self._forget(worker_id)
             except Exception:
                 log.exception("pool %s: removing drained workers failed", pool.name)
         self.last_decisions = decisions
         self.r.hset(Keys.controller, mapping={"last_decision_at": self.clock()})
         return decisions
+
+    def _forget(self, worker_id: str) -> None:
+        """A removed worker leaves no trace: its registration, heartbeat and drain flag
+        (one killed with -9 could not delete them itself)."""
+        pipe = self.r.pipeline(transaction=False)
+        pipe.zrem(Keys.workers, worker_id)
+        pipe.delete(Keys.worker(worker_id), Keys.drain(worker_id))
+        pipe.execute()
 
     def _act(self, pool: PoolConfig, d: Decision) -> None:
         if d.action == "scale_out":
@@ -175,8 +184,10 @@ class Controller:
         stop: threading.Event,
         metrics_port: int | None = None,
         metrics_host: str = "127.0.0.1",
+        close: bool = True,
     ) -> None:
-        """The loop: reaper thread, metrics endpoint, a decision every poll interval."""
+        """The loop: reaper thread, metrics endpoint, a decision every poll interval. With
+        close, the actuator is closed (its workers drained) when the loop stops."""
         from infra.reaper import run_reaper
 
         reaper = threading.Thread(target=run_reaper, args=(self.settings, stop), daemon=True)
@@ -194,7 +205,8 @@ class Controller:
             except Exception:  # one bad pass must not stop scaling
                 log.exception("controller: decision pass failed; retrying")
             stop.wait(interval)
-        self.actuator.close()
+        if close:
+            self.actuator.close()
 
 
 def start_metrics_server(port: int, host: str = "127.0.0.1") -> str:

@@ -1,14 +1,16 @@
-"""``tide up``: the embedded fleet as child processes, stopped cleanly on Ctrl-C."""
+"""``tide up``: the embedded fleet as supervised child processes, stopped cleanly on Ctrl-C."""
 
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -18,17 +20,23 @@ from infra.controller import Controller
 from infra.fleet_config import FleetConfig, load_fleet, local_default_fleet
 from infra.redis_server import EmbeddedRedis
 from infra.settings import REDIS_URL_FILE, Settings, get_settings
+from infra.supervisor import Supervisor, ThreadProc, orphan_safe
 
 
 class LocalFleet:
+    """Redis (embedded unless REDIS_URL is set), gateway, Celery and the controller, each
+    supervised (infra/supervisor.py): restarted with back-off when it dies; `tide up`
+    exits non-zero when it gives up. SIGINT or SIGTERM stops the whole tree."""
+
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
-        self.procs: list[tuple[str, subprocess.Popen[bytes]]] = []
         self.redis: EmbeddedRedis | None = None
         self.stop = threading.Event()
+        self.supervisor = Supervisor()
 
-    def _spawn(self, name: str, argv: list[str], env: dict[str, str]) -> None:
-        self.procs.append((name, subprocess.Popen(argv, env=env)))
+    @staticmethod
+    def _spawner(argv: list[str], env: dict[str, str]) -> Callable[[], subprocess.Popen[bytes]]:
+        return lambda: subprocess.Popen(orphan_safe(argv), env=env)
 
     def run(self) -> int:
         from worker.models.dummy import resolve_model_path  # torch: only in this parent
@@ -42,58 +50,51 @@ class LocalFleet:
         settings = Settings(**({"model": a.model} if a.model else {}))
         model = settings.model
         resolve_model_path(model)  # materialise a dummy model once, before the children start
-        if not settings.redis_url:
-            data = Path(a.data_dir or settings.data_dir) / "redis"
-            self.redis = EmbeddedRedis(data).start()
-            env["REDIS_URL"] = self.redis.url
-            # So tools run from this folder (tide doctor) find the fleet without flags.
-            (Path(a.data_dir or settings.data_dir) / REDIS_URL_FILE).write_text(self.redis.url)
-            settings = Settings(redis_url=self.redis.url, model=model)
-        # The reaper and batch supervisor run in this process and read the same settings.
-        os.environ.update({k: env[k] for k in ("REDIS_URL", "TIDE_MODEL") if k in env})
-        get_settings.cache_clear()
-        if "infra.celery_app" in sys.modules:  # imported before REDIS_URL was known
-            sys.modules["infra.celery_app"].celery_app.conf.broker_url = settings.redis_url
-        py = sys.executable
-        self._spawn(
-            "gateway",
-            [py, "-m", "uvicorn", "gateway.app:app", "--host", a.host, "--port", str(a.port),
-             "--log-level", "warning"],
-            env,
-        )  # fmt: skip
-        self._spawn(
-            "webhooks",
-            [py, "-m", "celery", "-A", "infra.celery_app:celery_app", "worker", "--pool=solo",
-             "-Q", "tide.webhooks,tide.batches", "--loglevel=WARNING", "--without-heartbeat",
-             "--without-gossip", "--without-mingle"],
-            env,
-        )  # fmt: skip
-        # The controller (it hosts the reaper and batch supervisor) scales the local workers.
-        fleet = self._fleet_config()
-        self.actuator = LocalActuator(fleet, env=env, worker_argv=engine_argv(a))
-        self.controller = Controller(fleet, settings, self.actuator)
-        ctl = threading.Thread(
-            target=self.controller.run, args=(self.stop, 0), daemon=True
-        )  # metrics on a free port, advertised in Redis for tide doctor
-        ctl.start()
         signal.signal(signal.SIGTERM, lambda *_: self.stop.set())
-        url = f"http://{a.host}:{a.port}"
+        sup = self.supervisor
         try:
-            wait_ready(url, stop=self.stop)
+            if not settings.redis_url:
+                data = Path(a.data_dir or settings.data_dir) / "redis"
+                self.redis = EmbeddedRedis(data)
+                embedded = self.redis
+                sup.add("redis", lambda: embedded.start().proc)
+                env["REDIS_URL"] = self.redis.url
+                # So tools run from this folder (tide doctor) find the fleet without flags.
+                (Path(a.data_dir or settings.data_dir) / REDIS_URL_FILE).write_text(self.redis.url)
+                settings = Settings(redis_url=self.redis.url, model=model)
+            # The reaper and batch supervisor run in this process and read the same settings.
+            os.environ.update({k: env[k] for k in ("REDIS_URL", "TIDE_MODEL") if k in env})
+            get_settings.cache_clear()
+            if "infra.celery_app" in sys.modules:  # imported before REDIS_URL was known
+                sys.modules["infra.celery_app"].celery_app.conf.broker_url = settings.redis_url
+            py = sys.executable
+            gateway = [py, "-m", "uvicorn", "gateway.app:app", "--host", a.host,
+                       "--port", str(a.port), "--log-level", "warning"]  # fmt: skip
+            sup.add("gateway", self._spawner(gateway, env))
+            sup.add("webhooks", self._spawner(celery_argv(), env))
+            # The controller (it hosts the reaper and batch supervisor) scales the workers.
+            fleet = self._fleet_config()
+            self.actuator = LocalActuator(fleet, env=env, worker_argv=engine_argv(a))
+            self.controller = Controller(fleet, settings, self.actuator)
+            # Metrics on a free port, advertised in Redis for tide doctor.
+            run_controller = functools.partial(self.controller.run, self.stop, 0, close=False)
+            sup.add("controller", lambda: ThreadProc(run_controller, "controller"))
+            url = f"http://{a.host}:{a.port}"
+            try:
+                wait_ready(url, stop=self.stop, alive=sup.check)
+            except RuntimeError as e:
+                print(f"tide up: {e}", flush=True)
+                return 1
             self._banner(url, settings, model)
             while not self.stop.is_set():
-                for name, proc in self.procs:
-                    if proc.poll() is not None:
-                        print(
-                            f"tide up: {name} exited with {proc.returncode}; stopping", flush=True
-                        )
-                        self.stop.set()
+                if not sup.check():
+                    return 1
                 self.stop.wait(0.5)
         except KeyboardInterrupt:
             pass
         finally:
             self.shutdown()
-        return 0
+        return 1 if sup.gave_up else 0
 
     def _fleet_config(self) -> FleetConfig:
         a = self.args
@@ -129,19 +130,20 @@ class LocalFleet:
     def shutdown(self) -> None:
         self.stop.set()
         if getattr(self, "actuator", None) is not None:
-            self.actuator.close()
-        for _, proc in self.procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for _, proc in self.procs:
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            self.actuator.close()  # workers drain first, into the Redis still running
+        self.supervisor.stop(["gateway", "webhooks"])
         if self.redis is not None:
             self.redis.stop()
             url_file = Path(self.args.data_dir or get_settings().data_dir) / REDIS_URL_FILE
             url_file.unlink(missing_ok=True)
+
+
+def celery_argv() -> list[str]:
+    """The Celery worker for webhooks and batch tasks (its pool and concurrency are in
+    infra/celery_app.py)."""
+    return [sys.executable, "-m", "celery", "-A", "infra.celery_app:celery_app", "worker",
+            "-Q", "tide.webhooks,tide.batches", "--loglevel=WARNING", "--without-heartbeat",
+            "--without-gossip", "--without-mingle"]  # fmt: skip
 
 
 def engine_argv(a: argparse.Namespace) -> list[str]:
@@ -159,10 +161,18 @@ def engine_argv(a: argparse.Namespace) -> list[str]:
     return argv
 
 
-def wait_ready(url: str, timeout: float = 120.0, stop: threading.Event | None = None) -> None:
-    """Block until the gateway at url answers /readyz with 200 (Redis and tokenizer ready)."""
+def wait_ready(
+    url: str,
+    timeout: float = 120.0,
+    stop: threading.Event | None = None,
+    alive: Callable[[], bool] | None = None,
+) -> None:
+    """Block until the gateway at url answers /readyz with 200 (Redis and tokenizer ready).
+    `alive` is asked on every try (the supervisor restarting what died); False ends it."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and not (stop and stop.is_set()):
+        if alive is not None and not alive():
+            raise RuntimeError("gave up starting the fleet")
         try:
             if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
                 return

@@ -1,9 +1,11 @@
 """The job record in Redis: the source of truth. Every state change is one Lua script.
 
 A job is completed only by the holder of its current lease; a late completion from a
-stale holder is dropped. Queue messages (kombu's Redis format, see ``infra.queues``)
-are pushed in the same script as the record changes, so accepted work is never
-half-written.
+stale holder is dropped. An attempt is charged only when computation starts
+(``mark_started``), so a worker killed while merely holding jobs costs them nothing.
+Queue messages (kombu's Redis format, see ``infra.queues``) are pushed in the same
+script as the record changes, so accepted work is never half-written. The scripts
+themselves are in ``infra.job_scripts``.
 """
 
 from __future__ import annotations
@@ -17,187 +19,14 @@ from typing import Any
 
 import redis
 
+from infra import job_scripts as lua
 from infra.protocol import BUCKETS, JobStatus, Keys, Priority, queue_name
 
-# Backlog accounting, shared by the scripts below: a queued job is a member of the zset
-# tide:backlog:<bucket> (score: created_at) and its prompt + max tokens are in the hash
-# tide:backlog_tokens; the two change together, only when membership changes.
-_BACKLOG_LUA = """
-local function backlog(jobkey, job_id, add)
-  local f = redis.call('HMGET', jobkey, 'bucket', 'prompt_tokens', 'max_tokens', 'created_at')
-  if not f[1] then return end
-  local z = 'tide:backlog:' .. f[1]
-  local tokens = tonumber(f[2] or '0') + tonumber(f[3] or '0')
-  if add then
-    if redis.call('ZADD', z, 'NX', tonumber(f[4] or '0'), job_id) == 1 then
-      redis.call('HINCRBY', 'tide:backlog_tokens', f[1], tokens)
-    end
-  elseif redis.call('ZREM', z, job_id) == 1 then
-    redis.call('HINCRBY', 'tide:backlog_tokens', f[1], 0 - tokens)  -- never -0
-  end
-  return tokens
-end
+_CREATE = lua.CREATE  # gateway/deps.py registers it on its async client
 
--- A batch job reaching a terminal state counts once in its batch's record, so the batch
--- supervisor need not read every line's status each pass (infra/batches.py).
-local function batch_terminal(jobkey, status)
-  local b = redis.call('HGET', jobkey, 'batch_id')
-  if b and b ~= '' then
-    redis.call('HINCRBY', 'tide:batch:' .. b, 'jobs_terminal', 1)
-    if status == 'completed' then
-      redis.call('HINCRBY', 'tide:batch:' .. b, 'jobs_completed', 1)
-    end
-  end
-end
-"""
-
-_CREATE = (
-    _BACKLOG_LUA
-    + """local calls = redis.call('INCR', KEYS[5])
-if calls == 1 then redis.call('EXPIRE', KEYS[5], 2) end
-if calls > tonumber(ARGV[3]) then return {'rate'} end
-if ARGV[1] ~= '' then
-  local existing = redis.call('GET', KEYS[2])
-  if existing then
-    local f = redis.call('HMGET', 'tide:job:' .. existing, 'status', 'bucket', 'created_at')
-    if f[1] then return {'exists', existing, f[1], f[2], f[3]} end
-  end
-end
-if tonumber(redis.call('GET', KEYS[3]) or '0') >= tonumber(ARGV[5]) then
-  return {'tenant_full'}
-end
-if redis.call('LLEN', KEYS[4]) >= tonumber(ARGV[6]) then return {'queue_full'} end
-redis.call('HSET', KEYS[1], unpack(ARGV, 8))
-redis.call('EXPIRE', KEYS[1], ARGV[4])
-if ARGV[1] ~= '' then redis.call('SET', KEYS[2], ARGV[2], 'EX', ARGV[4]) end
-redis.call('INCR', KEYS[3])
-local tokens = backlog(KEYS[1], ARGV[2], true)
-local bucket = redis.call('HGET', KEYS[1], 'bucket')
-redis.call('HINCRBY', 'tide:arrived_tokens', bucket, tokens)
-redis.call('HINCRBY', 'tide:arrived_jobs', bucket, 1)
-redis.call('LPUSH', KEYS[4], ARGV[7])
-redis.call('PUBLISH', KEYS[6], KEYS[4])
-return {'created', ARGV[2]}
-"""
-)
-
-_ACQUIRE = (
-    _BACKLOG_LUA
-    + """
-local st = redis.call('HGET', KEYS[1], 'status')
-if not st then return {'missing'} end
-if st ~= 'queued' then return {st} end
-redis.call('HSET', KEYS[1], 'status', 'in_progress', 'lease_token', ARGV[2],
-           'lease_owner', ARGV[1], 'started_at', ARGV[3])
-redis.call('HINCRBY', KEYS[1], 'attempts', 1)
-redis.call('ZADD', KEYS[2], ARGV[4], ARGV[5])
-backlog(KEYS[1], ARGV[5], false)
-local record = redis.call('HGETALL', KEYS[1])
-table.insert(record, 1, 'acquired')
-return record
-"""
-)
-
-_REFRESH = """
-if redis.call('HGET', KEYS[1], 'lease_token') ~= ARGV[1] then return 'lost' end
-redis.call('ZADD', KEYS[2], ARGV[2], ARGV[3])
-return redis.call('HGET', KEYS[1], 'cancel_requested') or '0'
-"""
-
-_UPDATE_IF_HOLDER = """
-if redis.call('HGET', KEYS[1], 'lease_token') ~= ARGV[1] then return 0 end
-redis.call('HSET', KEYS[1], unpack(ARGV, 2))
-return 1
-"""
-
-# ARGV: lease token, job id, events TTL (0: no 'done' event), then field/value pairs with
-# 'status' first. The 'done' event is written only by the holder that won.
-_FINISH = (
-    _BACKLOG_LUA
-    + """
-if redis.call('HGET', KEYS[1], 'lease_token') ~= ARGV[1] then return 0 end
-if redis.call('HGET', KEYS[1], 'status') ~= 'in_progress' then return 0 end
-redis.call('HSET', KEYS[1], unpack(ARGV, 4))
-redis.call('HDEL', KEYS[1], 'lease_token')
-redis.call('ZREM', KEYS[2], ARGV[2])
-redis.call('DECR', KEYS[3])
-batch_terminal(KEYS[1], ARGV[5])
-if tonumber(ARGV[3]) > 0 then
-  redis.call('XADD', KEYS[4], '*', 'type', 'done', 'status', ARGV[5])
-  redis.call('EXPIRE', KEYS[4], ARGV[3])
-end
-return 1
-"""
-)
-
-_REQUEUE = (
-    _BACKLOG_LUA
-    + """
-if redis.call('HGET', KEYS[1], 'lease_token') ~= ARGV[1] then return 0 end
-redis.call('HSET', KEYS[1], 'status', 'queued')
-redis.call('HDEL', KEYS[1], 'lease_token', 'lease_owner')
-redis.call('HINCRBY', KEYS[1], 'attempts', -1)
-redis.call('ZREM', KEYS[2], ARGV[2])
-backlog(KEYS[1], ARGV[2], true)
-local fields = redis.call('HMGET', KEYS[1], 'queue', 'message')
-redis.call('RPUSH', fields[1], fields[2])
-redis.call('PUBLISH', 'tide:wakeup', fields[1])
-return 1
-"""
-)
-
-_CANCEL = (
-    _BACKLOG_LUA
-    + """
-local st = redis.call('HGET', KEYS[1], 'status')
-if not st then return 'missing' end
-if st == 'queued' then
-  redis.call('HSET', KEYS[1], 'status', 'cancelled', 'finished_at', ARGV[1],
-             'finish_reason', 'abort')
-  redis.call('DECR', KEYS[2])
-  backlog(KEYS[1], ARGV[2], false)
-  batch_terminal(KEYS[1], 'cancelled')
-  return 'cancelled'
-end
-if st == 'in_progress' then
-  redis.call('HSET', KEYS[1], 'cancel_requested', '1')
-  return 'cancelling'
-end
-return st
-"""
-)
-
-_REAP = (
-    _BACKLOG_LUA
-    + """
-local expiry = redis.call('ZSCORE', KEYS[2], ARGV[1])
-if not expiry or tonumber(expiry) > tonumber(ARGV[2]) then return 'alive' end
-redis.call('ZREM', KEYS[2], ARGV[1])
-if redis.call('HGET', KEYS[1], 'status') ~= 'in_progress' then return 'stale' end
-redis.call('HDEL', KEYS[1], 'lease_token', 'lease_owner')
-if redis.call('HGET', KEYS[1], 'cancel_requested') == '1' then
-  redis.call('HSET', KEYS[1], 'status', 'cancelled', 'finished_at', ARGV[2],
-             'finish_reason', 'abort')
-  redis.call('DECR', KEYS[3])
-  batch_terminal(KEYS[1], 'cancelled')
-  return 'cancelled'
-end
-local attempts = tonumber(redis.call('HGET', KEYS[1], 'attempts') or '0')
-if attempts >= tonumber(ARGV[3]) then
-  redis.call('HSET', KEYS[1], 'status', 'failed', 'finished_at', ARGV[2], 'error',
-             'worker lost the job ' .. attempts .. ' times (max_attempts ' .. ARGV[3] .. ')')
-  redis.call('DECR', KEYS[3])
-  batch_terminal(KEYS[1], 'failed')
-  return 'failed'
-end
-redis.call('HSET', KEYS[1], 'status', 'queued')
-backlog(KEYS[1], ARGV[1], true)
-local fields = redis.call('HMGET', KEYS[1], 'queue', 'message')
-redis.call('RPUSH', fields[1], fields[2])
-redis.call('PUBLISH', 'tide:wakeup', fields[1])
-return 'requeued'
-"""
-)
+# A job lost this many times max_attempts before it ever started fails: a poison job can
+# kill its worker before the start mark is written.
+UNSTARTED_LOSS_FACTOR = 3
 
 
 @dataclass
@@ -248,15 +77,6 @@ class NewJob:
         }
 
 
-_RESTORE_STRANDED = """
-if redis.call('HGET', KEYS[3], 'status') ~= 'queued' then return 0 end
-if redis.call('HDEL', KEYS[1], ARGV[1]) == 0 then return 0 end
-redis.call('ZREM', KEYS[2], ARGV[1])
-redis.call('RPUSH', KEYS[4], ARGV[2])
-redis.call('PUBLISH', 'tide:wakeup', KEYS[4])
-return 1
-"""
-
 KOMBU_UNACKED, KOMBU_UNACKED_INDEX = "unacked", "unacked_index"  # kombu's Redis defaults
 
 
@@ -273,15 +93,16 @@ def new_job_id() -> str:
 class JobStore:
     def __init__(self, client: redis.Redis) -> None:
         self.r = client
-        self.create_script = client.register_script(_CREATE)
-        self._acquire = client.register_script(_ACQUIRE)
-        self._refresh = client.register_script(_REFRESH)
-        self._update = client.register_script(_UPDATE_IF_HOLDER)
-        self._finish = client.register_script(_FINISH)
-        self._requeue = client.register_script(_REQUEUE)
-        self._cancel = client.register_script(_CANCEL)
-        self._reap = client.register_script(_REAP)
-        self._restore = client.register_script(_RESTORE_STRANDED)
+        self.create_script = client.register_script(lua.CREATE)
+        self._acquire = client.register_script(lua.ACQUIRE)
+        self._mark_started = client.register_script(lua.MARK_STARTED)
+        self._refresh = client.register_script(lua.REFRESH)
+        self._update = client.register_script(lua.UPDATE_IF_HOLDER)
+        self._finish = client.register_script(lua.FINISH)
+        self._requeue = client.register_script(lua.REQUEUE)
+        self._cancel = client.register_script(lua.CANCEL)
+        self._reap = client.register_script(lua.REAP)
+        self._restore = client.register_script(lua.RESTORE_STRANDED)
 
     def create(self, job: NewJob) -> dict[str, str]:
         keys, args = job.script_call()
@@ -297,7 +118,8 @@ class JobStore:
         self, job_id: str, worker_id: str, lease_seconds: float
     ) -> tuple[str, str, dict[str, str]]:
         """Take a queued job in one round trip: ('acquired', lease token, its record),
-        or (its status, '', {}) when it is not queued (cancelled, a duplicate message)."""
+        or (its status, '', {}) when it is not queued (cancelled, a duplicate message).
+        Holding a job charges no attempt; ``mark_started`` does."""
         token = uuid.uuid4().hex
         now = time.time()
         res = [
@@ -310,6 +132,15 @@ class JobStore:
         if res[0] != "acquired":
             return res[0], "", {}
         return "acquired", token, dict(zip(res[1::2], res[2::2], strict=True))
+
+    def mark_started(self, job_id: str, token: str, client: Any = None) -> Any:
+        """Computation of the job began under this lease (the engine scheduled it): charge
+        its attempt, once per lease however often it is called. True if the token still
+        holds the lease; with client=a pipeline, queued there (1 or 0 from execute())."""
+        keys, args = [Keys.job(job_id)], [token]
+        if client is not None:
+            return self._mark_started(keys=keys, args=args, client=client)
+        return bool(self._mark_started(keys=keys, args=args))
 
     def refresh(self, leases: dict[str, str], lease_seconds: float) -> dict[str, str]:
         """Extend many leases in one round trip: job id -> '0', '1' (cancel asked) or 'lost'."""
@@ -357,7 +188,8 @@ class JobStore:
         return bool(self._finish(keys=keys, args=args))
 
     def requeue(self, job_id: str, token: str) -> bool:
-        """Hand a held job back to its queue (drain): it keeps its place near the front."""
+        """Hand a held job back to its queue (drain): it keeps its place near the front,
+        and an attempt charged under this lease is given back."""
         return bool(self._requeue(keys=[Keys.job(job_id), Keys.leases], args=[token, job_id]))
 
     def cancel(self, job_id: str, tenant: str) -> str:
@@ -366,17 +198,29 @@ class JobStore:
         )
         return res.decode() if isinstance(res, bytes) else res
 
-    def reap(self, max_attempts: int, now: float | None = None) -> dict[str, str]:
-        """Re-queue (or fail, after max_attempts) in-progress jobs whose lease expired."""
+    def reap(
+        self,
+        max_attempts: int,
+        now: float | None = None,
+        events_ttl: int = 0,
+        max_unstarted_losses: int | None = None,
+    ) -> dict[str, str]:
+        """Re-queue in-progress jobs whose lease expired: job id -> 'requeued', 'failed',
+        'cancelled' (cancel was asked), 'alive' or 'stale'. A job fails after max_attempts
+        losses while it ran, or after max_unstarted_losses (default UNSTARTED_LOSS_FACTOR x
+        max_attempts) losses before it ever started. With events_ttl, a job the reaper ends
+        gets its 'done' event, as from a worker."""
         now = time.time() if now is None else now
+        if max_unstarted_losses is None:
+            max_unstarted_losses = UNSTARTED_LOSS_FACTOR * max_attempts
         expired = self.r.zrangebyscore(Keys.leases, "-inf", now)
         out = {}
         for raw in expired:
             job_id = raw.decode()
-            tenant = self.r.hget(Keys.job(job_id), "tenant")
+            tenant = (self.r.hget(Keys.job(job_id), "tenant") or b"").decode()
+            keys = [Keys.job(job_id), Keys.leases, Keys.tenant_active(tenant), Keys.events(job_id)]
             res = self._reap(
-                keys=[Keys.job(job_id), Keys.leases, Keys.tenant_active((tenant or b"").decode())],
-                args=[job_id, now, max_attempts],
+                keys=keys, args=[job_id, now, max_attempts, max_unstarted_losses, events_ttl]
             )
             out[job_id] = res.decode() if isinstance(res, bytes) else res
         return out

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import redis
 
+from infra.supervisor import orphan_safe
+
 
 def redis_binary() -> str:
     try:
@@ -55,9 +57,11 @@ class EmbeddedRedis:
         ]  # fmt: skip
         # Its own session: a Ctrl-C in the terminal must not stop Redis before the
         # workers that drain into it; the owner stops it last.
+        # It dies with its parent (SIGTERM: it flushes the AOF) rather than outlive it.
         self.proc = subprocess.Popen(
-            args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
-        )
+            orphan_safe(args), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )  # fmt: skip
         client = redis.Redis.from_url(self.url)
         deadline = time.monotonic() + timeout
         while True:

@@ -1,10 +1,18 @@
 """Native CPU kernels (kernels/csrc/cpu_kernels.cpp), compiled on first use.
 
-``ops()`` builds the C++ file once per machine with ``-O3 -march=native`` through
-``torch.utils.cpp_extension`` (cached under ``$TIDE_KERNEL_CACHE`` or
-``~/.cache/tide/kernels``) and returns ``torch.ops.tide``, or ``None`` where the build
-is impossible (no compiler, ``TIDE_CPU_KERNELS=0``); the engine then keeps the torch
-reference path, and says so once in the log.
+``ops()`` builds the C++ file once with ``-O3 -march=native`` through
+``torch.utils.cpp_extension`` and returns ``torch.ops.tide``, or ``None`` where the
+build is impossible (no compiler, ``TIDE_CPU_KERNELS=0``) or another process held the
+build for longer than ``BUILD_WAIT_S``; the engine then keeps the torch reference path,
+and says so once in the log.
+
+Builds live under ``$TIDE_KERNEL_CACHE`` (default ``~/.cache/tide/kernels``), one folder
+per ``build_key``: everything the build reads or its ``build.ninja`` names (source text,
+torch version and install path, Python headers, compiler, flags, this CPU). The source
+is copied into that folder and built from there, so checkouts sharing a venv share one
+build instead of rebuilding each other's; each venv or CPU gets a folder of its own.
+A build or load holds ``LOCK_NAME`` in its folder (``kernels.build_lock``), a lock the
+OS drops when its holder dies, so a killed build never blocks the next one.
 """
 
 from __future__ import annotations
@@ -13,34 +21,68 @@ import functools
 import hashlib
 import logging
 import os
-import time
+import platform
+import shutil
+import sysconfig
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from kernels import build_lock
+
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("csrc") / "cpu_kernels.cpp"
-STALE_LOCK_S = 600
+CFLAGS = ("-O3", "-march=native", "-fopenmp")
+LDFLAGS = ("-fopenmp",)
+LOCK_NAME = "tide-build.lock"
+# A build takes ~30 s on two busy cores; past this a waiter serves with the torch path
+# rather than not at all.
+BUILD_WAIT_S = 120.0
+CPU_FIELDS = {"model name", "flags", "Features", "CPU implementer", "CPU part"}
 
 
-def _cache_dir() -> Path:
-    root = os.environ.get("TIDE_KERNEL_CACHE") or Path.home() / ".cache" / "tide" / "kernels"
-    # One folder per source and torch version: an edit or an upgrade rebuilds.
-    tag = hashlib.sha256(SOURCE.read_bytes() + torch.__version__.encode()).hexdigest()[:12]
-    path = Path(root) / f"cpu-{tag}"
-    path.mkdir(parents=True, exist_ok=True)
-    # torch's build lock outlives a build that was killed; every other process would
-    # then wait on it forever. A real build takes well under STALE_LOCK_S.
-    lock = path / "lock"
+def cache_root() -> Path:
+    return Path(os.environ.get("TIDE_KERNEL_CACHE") or Path.home() / ".cache" / "tide" / "kernels")
+
+
+def build_key(source: bytes) -> str:
+    """A hash of every input of the build; equal keys mean one build serves both."""
+    from torch.utils import cpp_extension
+
+    compiler = cpp_extension.get_cxx_compiler()
+    inputs = [
+        torch.__version__,
+        str(Path(torch.__file__).parent),  # build.ninja names torch's headers and libraries
+        sysconfig.get_paths()["include"],  # ... and Python's headers
+        shutil.which(compiler) or compiler,
+        " ".join(CFLAGS),
+        " ".join(LDFLAGS),
+        _cpu_identity(),
+    ]
+    digest = hashlib.sha256(source)
+    for item in inputs:
+        digest.update(b"\0" + item.encode())
+    return digest.hexdigest()[:16]
+
+
+def build_dir() -> Path:
+    return cache_root() / f"cpu-{build_key(SOURCE.read_bytes())}"
+
+
+def load(directory: Path, wait_s: float = BUILD_WAIT_S) -> Any | None:
+    """Build (if needed) and load the kernels in ``directory``: torch.ops.tide, or None."""
     try:
-        if time.time() - lock.stat().st_mtime > STALE_LOCK_S:
-            log.warning("removing a stale kernel build lock %s", lock)
-            lock.unlink(missing_ok=True)
-    except FileNotFoundError:
-        pass
-    return path
+        with build_lock.held(directory / LOCK_NAME, wait_s):
+            # Only holders of our lock build here: torch's own lock file, if there is
+            # one, was left by a build that was killed, and would make torch wait forever.
+            (directory / "lock").unlink(missing_ok=True)
+            _build_and_load(_staged_source(directory), directory)
+    except Exception as exc:  # any build failure, or a wait past wait_s: use the torch path
+        log.warning("native CPU kernels unavailable (%s); using the torch reference path", exc)
+        return None
+    return torch.ops.tide
 
 
 @functools.cache
@@ -49,22 +91,7 @@ def ops() -> Any:
     if os.environ.get("TIDE_CPU_KERNELS", "1") == "0":
         log.info("native CPU kernels disabled by TIDE_CPU_KERNELS=0")
         return None
-    try:
-        from torch.utils import cpp_extension
-
-        cpp_extension.load(
-            name="tide_cpu_kernels",
-            sources=[str(SOURCE)],
-            extra_cflags=["-O3", "-march=native", "-fopenmp"],
-            extra_ldflags=["-fopenmp"],
-            build_directory=str(_cache_dir()),
-            is_python_module=False,
-            verbose=False,
-        )
-    except Exception as exc:  # any build failure means: use the torch path
-        log.warning("native CPU kernels unavailable (%s); using the torch reference path", exc)
-        return None
-    return torch.ops.tide
+    return load(build_dir())
 
 
 def gemv_max_rows() -> int:
@@ -81,7 +108,43 @@ def main() -> int:
         print("native CPU kernels: not available; the engine uses its torch path")
     else:
         print(
-            f"native CPU kernels: ready in {_cache_dir()} "
+            f"native CPU kernels: ready in {build_dir()} "
             f"(GEMV for up to {gemv_max_rows()} rows; 0 = this CPU lacks AVX-512 BF16)"
         )
     return 0
+
+
+def _build_and_load(source: Path, directory: Path) -> None:
+    from torch.utils import cpp_extension
+
+    cpp_extension.load(
+        name="tide_cpu_kernels",
+        sources=[str(source)],
+        extra_cflags=list(CFLAGS),
+        extra_ldflags=list(LDFLAGS),
+        build_directory=str(directory),
+        is_python_module=False,
+        verbose=False,
+    )
+
+
+def _staged_source(directory: Path) -> Path:
+    # Rewritten only when it differs: a fresh mtime alone would make ninja rebuild.
+    text = SOURCE.read_bytes()
+    staged = directory / SOURCE.name
+    if not staged.is_file() or staged.read_bytes() != text:
+        partial = staged.with_name(staged.name + ".partial")
+        partial.write_bytes(text)
+        partial.replace(staged)
+    return staged
+
+
+def _cpu_identity() -> str:
+    # -march=native compiles for this CPU only: a cache shared by hosts (an NFS home)
+    # must not hand one host's build to another with other instructions.
+    try:
+        first = Path("/proc/cpuinfo").read_text().split("\n\n", 1)[0]
+    except OSError:
+        return f"{platform.machine()} {platform.processor()}"
+    fields = [line for line in first.splitlines() if line.split(":")[0].strip() in CPU_FIELDS]
+    return "\n".join([platform.machine(), *sorted(fields)])

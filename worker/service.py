@@ -5,6 +5,12 @@ in one round trip, ``infra.queues.Taker``: kombu's Redis format, without kombu's
 cost) and admits each only when ``engine.can_admit`` says it fits; at most one message
 waits prefetched, the rest go back to the front of their queues. Work it cannot start
 stays in Redis, visible to other workers and the controller.
+
+A Redis outage is weather, not death (``worker.outage``): the worker never exits on a
+connection error. While Redis is away it takes nothing new, keeps generating what it
+holds and records the outputs (``worker.results``); when Redis is back it refreshes its
+leases first (a job reaped meanwhile is dropped here), then writes what the outage held
+up. That includes start-up: a worker whose Redis is not there yet waits for it.
 """
 
 from __future__ import annotations
@@ -16,7 +22,6 @@ import os
 import signal
 import socket
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 import redis
@@ -25,9 +30,11 @@ from infra import queues
 from infra.jobstore import JobStore
 from infra.protocol import JobMessage, JobStatus, Keys, Priority, consume_order
 from infra.settings import Settings
-from worker.engine import LLMEngine, RequestOutput, SamplingParams
+from worker.engine import LLMEngine, SamplingParams
 from worker.engine import Priority as EnginePriority
 from worker.metrics import WorkerMetrics
+from worker.outage import Outage
+from worker.results import HeldJob, PendingWrites, Saved
 
 log = logging.getLogger(__name__)
 
@@ -39,21 +46,7 @@ IDLE_WAIT_SECONDS = 0.02  # the longest an idle worker waits for a wake-up per l
 # polling six empty queues.
 EMPTY_RECHECK_SECONDS = 0.25
 TAKE_AT_MOST = 16  # messages taken per round trip (never more than free slots)
-FINISH_STATUS = {"stop": JobStatus.COMPLETED, "length": JobStatus.COMPLETED}
-
-
-@dataclass
-class HeldJob:
-    job_id: str
-    token: str
-    tenant: str
-    message: queues.Delivery
-    has_webhook: bool
-    streams: bool = True  # batch jobs publish no per-step deltas: nobody follows them live
-    first_token_at: float | None = None
-    completion_tokens: int = 0
-    work: int = 0  # prompt + max tokens: what the queue counted as backlog
-    text_parts: list[str] = field(default_factory=list)
+OFFLINE_IDLE_SECONDS = 0.05  # an idle worker's sleep per turn while Redis is away
 
 
 class WorkerService:
@@ -71,6 +64,7 @@ class WorkerService:
         self.pool = pool
         self.buckets = buckets
         self.worker_id = worker_id or f"{pool}-{socket.gethostname()}-{os.getpid()}"
+        # Nothing here connects: a worker may start before its Redis does.
         self.redis = redis.Redis.from_url(settings.redis_url)
         self.store = JobStore(self.redis)
         self.taker = queues.Taker(self.redis)
@@ -83,20 +77,16 @@ class WorkerService:
         self._next_refresh = 0.0
         self._next_heartbeat = 0.0
         self._last_tokens = (time.monotonic(), 0)
-        self.wakeups = self._subscribe()
+        self.wakeups: redis.client.PubSub | None = None
+        self.outage = Outage(self.worker_id)  # starts "down": the first turn connects
         self._interactive_streak = 0
         self._queues_empty_at: float | None = None  # when a poll last found nothing
-        # Results the engine produced that Redis has not confirmed yet (see _save_results).
-        self._unsaved: list[tuple[HeldJob, JobStatus, dict[str, Any]]] = []
+        self.pending = PendingWrites()  # outputs Redis has not confirmed yet
+        self._webhooks: list[tuple[str, str]] = []  # (job id, status) not enqueued yet
         self.metrics = WorkerMetrics.for_engine(engine, pool, settings)
         self.metrics_url = ""  # set when the metrics endpoint starts (run)
         self._served_work = 0  # prompt + max tokens of jobs finished, for the controller
         self._idle_since: float | None = time.time()
-
-    def _subscribe(self) -> redis.client.PubSub:
-        pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
-        pubsub.subscribe(Keys.wakeup)
-        return pubsub
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -118,21 +108,24 @@ class WorkerService:
             self.metrics_url = self.metrics.serve(host, port)
         try:
             while not self.stopped:
+                if self.outage.waiting():
+                    if not self._offline_turn():
+                        break
+                    continue
                 try:
+                    if self.outage.is_down:
+                        self._come_back()
                     if not self._iterate():
                         break
                 except (redis.RedisError, OSError) as e:
-                    # Redis restarting: keep the engine's work, reconnect, carry on.
-                    log.warning("Redis unavailable (%s); retrying in 0.5 s", e)
-                    time.sleep(0.5)
-                    self._reconnect()
+                    self.outage.failed(e, held=len(self.held))
         finally:
             self._shutdown()
 
     def _iterate(self) -> bool:
         """One turn of the loop; False when a drain has finished."""
-        if self._unsaved:
-            self._save_results()  # a Redis error interrupted the last write
+        if self.pending or self._webhooks:
+            self._save()  # a Redis error interrupted the last write
         self._periodic()
         if self.draining:
             self._release_prefetched()
@@ -141,22 +134,53 @@ class WorkerService:
         else:
             self._fill()
         if self.engine.has_unfinished():
-            self._handle(self.engine.step())
+            self._step()
+            self._save()
         else:
             # Idle: sleep until the gateway announces a new job (or 20 ms pass).
+            assert self.wakeups is not None
             if self.wakeups.get_message(timeout=IDLE_WAIT_SECONDS) is not None:
                 self._queues_empty_at = None
         return True
 
-    def _reconnect(self) -> None:
+    def _offline_turn(self) -> bool:
+        """A turn while Redis is away: generate what is held, write nothing; False when a
+        drain has run out of time (what is still unsaved then expires with its lease)."""
+        if self.draining and (not self.held or time.monotonic() > self._drain_deadline):
+            return False
+        if self.engine.has_unfinished():
+            self._step()
+        else:
+            time.sleep(min(OFFLINE_IDLE_SECONDS, self.outage.until_retry()))
+        return True
+
+    def _step(self) -> None:
+        outputs = self.engine.step()
+        self.pending.record(self.held, outputs)
+        for job_id, job in self.held.items():  # computed on at least once: charged if lost
+            request = self.engine.requests.get(job_id)
+            if not job.started and (request is None or request.num_computed_tokens > 0):
+                self.pending.mark_started(job)
+
+    def _come_back(self) -> None:
+        """Redis answers again: subscribe, refresh leases before anything else, then write
+        what was held up (all of which raises, and retries later, if it is still away)."""
+        self.redis.ping()
         with contextlib.suppress(Exception):  # the old connection is already broken
-            self.wakeups.close()
-        self.wakeups = self._subscribe()
+            if self.wakeups is not None:
+                self.wakeups.close()
+        self.wakeups = self.redis.pubsub(ignore_subscribe_messages=True)
+        self.wakeups.subscribe(Keys.wakeup)
+        self._queues_empty_at = None
+        self._next_refresh = self._next_heartbeat = 0.0
+        self._periodic()  # leases first: the reaper gives them a grace after an outage
+        self._save()
+        self.outage.recovered(held=len(self.held))
 
     def _shutdown(self) -> None:
         try:
-            if self._unsaved:
-                self._save_results()
+            if self.pending or self._webhooks:
+                self._save()
             self._release_prefetched()
             for job in list(self.held.values()):
                 self.engine.abort(job.job_id)
@@ -164,7 +188,7 @@ class WorkerService:
                     log.info("re-queued %s at shutdown", job.job_id)
                 self.taker.ack_now(job.message)
             self.redis.zrem(Keys.workers, self.worker_id)
-            self.redis.delete(Keys.worker(self.worker_id))
+            self.redis.delete(Keys.worker(self.worker_id), Keys.drain(self.worker_id))
         except (redis.RedisError, OSError) as e:
             # Held jobs keep their leases; the reaper re-queues them when they expire.
             log.warning("Redis unavailable at shutdown (%s); leases will expire instead", e)
@@ -264,102 +288,40 @@ class WorkerService:
             self.engine.add_request(job.job_id, _ids(record), params, prio)
             self.metrics.track(job.job_id, float(record.get("created_at") or 0))
         except (ValueError, TypeError, KeyError) as e:
-            self._finish(held, JobStatus.FAILED, error=f"rejected by the worker: {e}")
+            self.pending.finish(held, JobStatus.FAILED, error=f"rejected by the worker: {e}")
+            self._save()
 
     # -- results -----------------------------------------------------------------------
 
-    def _handle(self, outputs: list[RequestOutput]) -> None:
-        """One round trip for a step's deltas, first-token times and finished jobs."""
-        pipe = self.redis.pipeline(transaction=False)
-        now = time.time()
-        finished: list[tuple[HeldJob, JobStatus, RequestOutput | None, str | None]] = []
-        for out in outputs:
-            held = self.held.get(out.request_id)
-            if held is None:
-                continue
-            held.completion_tokens += len(out.new_token_ids)
-            if held.streams and (out.delta_text or out.new_token_ids):
-                pipe.xadd(
-                    Keys.events(out.request_id),
-                    {"type": "delta", "text": out.delta_text, "n": len(out.new_token_ids)},
-                )
-            if held.first_token_at is None and out.new_token_ids:
-                held.first_token_at = now
-                if held.streams and not out.finished:  # visible while it runs
-                    self.store.update(held.job_id, held.token, client=pipe, first_token_at=now)
-            if out.finished:
-                if out.finish_reason == "error":
-                    finished.append((held, JobStatus.FAILED, out, out.error))
-                elif out.finish_reason == "abort":
-                    finished.append((held, JobStatus.CANCELLED, out, None))
-                else:
-                    finished.append((held, FINISH_STATUS[out.finish_reason or "stop"], out, None))
-        self._finish_many(finished, pipe)
-
-    def _finish(
-        self,
-        held: HeldJob,
-        status: JobStatus,
-        out: RequestOutput | None = None,
-        error: str | None = None,
-    ) -> None:
-        self._finish_many([(held, status, out, error)], self.redis.pipeline(transaction=False))
-
-    def _finish_many(
-        self,
-        items: list[tuple[HeldJob, JobStatus, RequestOutput | None, str | None]],
-        pipe: redis.client.Pipeline,
-    ) -> None:
-        """Record results, then write them (with whatever `pipe` already holds)."""
-        for held, status, out, error in items:
-            fields: dict[str, Any] = {"finished_at": time.time()}
-            if held.first_token_at is not None:
-                fields["first_token_at"] = held.first_token_at
-            if out is not None:
-                fields |= {
-                    "text": out.text,
-                    "finish_reason": out.finish_reason,
-                    "completion_tokens": len(out.token_ids),
-                }
-            if error:
-                fields["error"] = error
-            self._unsaved.append((held, status, fields))
-        self._save_results(pipe)
-
-    def _save_results(self, pipe: redis.client.Pipeline | None = None) -> None:
-        """Terminal states (each only if this worker still holds the lease, with its 'done'
-        event), then the queue acks, on one pipeline in that order: a message is acked only
-        after its result is durable (or moot). A job leaves `held` (its lease stops being
-        refreshed) only once this succeeded; if Redis fails, the results stay unsaved and
-        the next loop turn writes them again (a repeated finish is a no-op)."""
-        pipe = pipe if pipe is not None else self.redis.pipeline(transaction=False)
-        results_at = len(pipe.command_stack)
-        items = list(self._unsaved)
-        for held, status, fields in items:
-            self.store.finish(
-                held.job_id, held.token, held.tenant, status,
-                events_ttl=self.settings.events_ttl_seconds, client=pipe, **fields,
+    def _save(self) -> None:
+        """Write what is pending (one pipeline), then let go of the jobs it finished; a
+        job leaves `held` (its lease stops being refreshed) only once that succeeded."""
+        if self.pending:
+            saved = self.pending.flush(
+                self.store, self.redis.pipeline(transaction=False),
+                self.settings.events_ttl_seconds,
             )  # fmt: skip
-        for held, _, _ in items:
-            self.taker.ack(held.message, pipe)
-        if not pipe.command_stack:
-            return
-        results = pipe.execute()
-        self._unsaved.clear()
-        for held, _, _ in items:
-            self.held.pop(held.job_id, None)
-            self._served_work += held.work
-        if items and not self.held:
-            self._idle_since = time.time()
-        for (held, status, _), won in zip(
-            items, results[results_at : results_at + len(items)], strict=True
-        ):
-            if not won:
-                log.warning("dropping result of %s: the lease moved on", held.job_id)
-            elif held.has_webhook and status in (JobStatus.COMPLETED, JobStatus.FAILED):
-                from infra.webhooks import enqueue_webhook
+            self._settle(saved)
+        self._send_webhooks()
 
-                enqueue_webhook(held.job_id, status.value)
+    def _settle(self, saved: list[Saved]) -> None:
+        for s in saved:
+            self.held.pop(s.held.job_id, None)
+            self._served_work += s.held.work
+            if not s.won:
+                log.warning("dropping result of %s: the lease moved on", s.held.job_id)
+            elif s.held.has_webhook and s.status in (JobStatus.COMPLETED, JobStatus.FAILED):
+                self._webhooks.append((s.held.job_id, s.status.value))
+        if saved and not self.held:
+            self._idle_since = time.time()
+
+    def _send_webhooks(self) -> None:
+        from infra.webhooks import enqueue_webhook
+
+        while self._webhooks:
+            job_id, status = self._webhooks[0]
+            enqueue_webhook(job_id, status)  # raises while the broker is away: kept
+            self._webhooks.pop(0)
 
     # -- leases, cancellation, heartbeat ----------------------------------------------------
 
@@ -373,8 +335,9 @@ class WorkerService:
                     leases, self.settings.lease_seconds
                 ).items():
                     if state == "lost":  # reaped: another worker owns it now
-                        log.warning("lost the lease on %s; aborting it here", job_id)
+                        log.warning("lost the lease on %s; dropping it here", job_id)
                         self.engine.abort(job_id)
+                        self.pending.forget(job_id)
                         held = self.held.pop(job_id)
                         self.taker.ack_now(held.message)
                     elif state == "1":

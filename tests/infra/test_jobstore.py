@@ -24,6 +24,7 @@ def test_only_the_current_lease_holder_completes(redis_client):
     status, stale, record = store.acquire("job_x", "w1", lease_seconds=5)
     assert status == "acquired"
     assert record["status"] == "in_progress" and record["lease_owner"] == "w1"
+    assert store.mark_started("job_x", stale)
     assert store.reap(max_attempts=3, now=time.time() + 10) == {"job_x": "requeued"}
     assert redis_client.lrange("tide.short.interactive", 0, -1).count(b"msg") == 2  # re-queued
     status, fresh, _ = store.acquire("job_x", "w2", lease_seconds=5)
@@ -32,7 +33,7 @@ def test_only_the_current_lease_holder_completes(redis_client):
     assert store.finish("job_x", fresh, "t", JobStatus.COMPLETED, text="on time")
     record = store.get("job_x")
     assert record["status"] == "completed" and record["text"] == "on time"
-    assert record["attempts"] == "2"
+    assert record["attempts"] == "2"  # one lost while running, one completed (unmarked)
     assert redis_client.get(Keys.tenant_active("t")) == b"0"
     assert store.acquire("job_x", "w3", 5) == (
         "completed",
@@ -45,12 +46,16 @@ def test_max_attempts_fails_the_job_with_a_reason(redis_client):
     store = JobStore(redis_client)
     _create(store)
     for attempt in range(1, 4):
-        assert store.acquire("job_x", f"w{attempt}", lease_seconds=1)[0] == "acquired"
+        status, token, _ = store.acquire("job_x", f"w{attempt}", lease_seconds=1)
+        assert status == "acquired" and store.mark_started("job_x", token)
         outcome = store.reap(max_attempts=3, now=time.time() + 5)["job_x"]
         assert outcome == ("requeued" if attempt < 3 else "failed")
     record = store.get("job_x")
     assert record["status"] == "failed"
-    assert record["error"] == "worker lost the job 3 times (max_attempts 3)"
+    assert record["error"] == (
+        "worker lost the job 3 times: 3 while running it (max_attempts 3), "
+        "0 before it started (limit 9)"
+    )
 
 
 def test_refresh_reports_cancel_requests_and_lost_leases(redis_client):
@@ -171,7 +176,9 @@ def test_batch_jobs_count_once_in_their_batch_when_terminal(redis_client):
     assert not store.finish("job_1", token, "t", JobStatus.COMPLETED)  # counted once
     assert store.cancel("job_2", "t") == "cancelled"
     _, token, _ = store.acquire("job_3", "w", 0.01)
+    store.mark_started("job_3", token)
     assert store.reap(max_attempts=1, now=time.time() + 1) == {"job_3": "failed"}
+    assert store.reap(max_attempts=1, now=time.time() + 1) == {}  # counted once
     batch = redis_client.hgetall("tide:batch:batch_x")
     assert batch == {b"jobs_terminal": b"3", b"jobs_completed": b"1"}
 

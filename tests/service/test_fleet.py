@@ -172,7 +172,8 @@ def test_kill_9_mid_generation_loses_nothing_and_completes_once(api, fleet, flee
         assert all(r["status"] == "completed" for r in results)
         assert all(r["usage"]["completion_tokens"] == 400 for r in results)
         # A job the victim held either finished in the instant before the kill, or was
-        # re-queued by the reaper and completed elsewhere on a second attempt.
+        # re-queued by the reaper and completed elsewhere: on a second attempt if the victim
+        # had started computing it, else uncharged (counted as a loss before it started).
         rerun = 0
         for j in held:
             owner = fleet_redis.hget(f"tide:job:{j}", "lease_owner").decode()
@@ -180,7 +181,8 @@ def test_kill_9_mid_generation_loses_nothing_and_completes_once(api, fleet, flee
             if owner.endswith(f"-{victim.pid}"):
                 assert attempts == b"1"
             else:
-                assert attempts == b"2"
+                lost_unstarted = fleet_redis.hget(f"tide:job:{j}", "lost_unstarted")
+                assert (attempts, lost_unstarted) in ((b"2", None), (b"1", b"1"))
                 rerun += 1
         assert rerun >= 1, "the kill should have interrupted at least one job"
         try:

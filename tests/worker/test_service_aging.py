@@ -47,21 +47,31 @@ def test_a_redis_error_while_saving_results_loses_nothing(redis_server, redis_cl
         "id"
     ]
     service = WorkerService(make_engine(tiny_path), settings, "p", ["short"])
-    real_ack, failures = service.taker.ack, []
+    real_pipeline, failures = service.redis.pipeline, []
 
-    def flaky_ack(d, pipe):  # the first write of the result hits a Redis outage
-        if not failures:
-            failures.append(1)
-            raise redis.ConnectionError("Redis went away")
-        real_ack(d, pipe)
+    def flaky_pipeline(*args, **kwargs):  # the first write of the result hits an outage
+        pipe = real_pipeline(*args, **kwargs)
+        real_execute = pipe.execute
 
-    service.taker.ack = flaky_ack  # type: ignore[method-assign]
+        def execute(*a, **k):
+            if not failures and any(
+                "EVALSHA" in c[0] and service.store._finish.sha in c[0] for c in pipe.command_stack
+            ):
+                failures.append(1)
+                raise redis.ConnectionError("Redis went away")
+            return real_execute(*a, **k)
+
+        pipe.execute = execute
+        return pipe
+
+    service.redis.pipeline = flaky_pipeline  # type: ignore[method-assign]
+    service._come_back()  # connected (the run loop does this first)
     with pytest.raises(redis.ConnectionError):
         for _ in range(100):
             service._iterate()
     assert failures and job_id in service.held  # still held: its lease keeps being refreshed
     assert store.get(job_id)["status"] == "in_progress"  # type: ignore[index]
-    service._iterate()  # Redis is back: the unsaved result is written first
+    service._come_back()  # Redis is back: leases refreshed, the unsaved result written
     record = store.get(job_id)
     assert record is not None and record["status"] == "completed", record
     assert record["completion_tokens"] == "6" and not service.held

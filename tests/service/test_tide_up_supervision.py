@@ -1,0 +1,123 @@
+"""`tide up` supervises what it starts: kill -9 of its Redis, gateway or Celery process is
+followed by a restart and the fleet serves again; SIGINT to `tide up` alone stops the
+whole tree; a child that keeps dying makes `tide up` give up and exit non-zero."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from infra.fleet import wait_ready
+from infra.redis_server import free_port
+from tests.conftest import ROOT, wait_for
+
+pytestmark = pytest.mark.slow
+
+
+def descendants(pid: int) -> dict[int, str]:
+    """pid -> command line of every live process below pid."""
+    parents: dict[int, int] = {}
+    cmds: dict[int, str] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+            cmd = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        state, ppid = stat.rsplit(") ", 1)[1].split()[:2]
+        if state != "Z":
+            parents[int(entry)], cmds[int(entry)] = int(ppid), cmd
+    out: dict[int, str] = {}
+    frontier = [pid]
+    while frontier:
+        p = frontier.pop()
+        for child, parent in parents.items():
+            if parent == p and child not in out:
+                out[child] = cmds[child]
+                frontier.append(child)
+    return out
+
+
+def find(pid: int, needle: str) -> int | None:
+    return next((p for p, cmd in descendants(pid).items() if needle in cmd), None)
+
+
+def start_up(tmp_path: Path, model: Path, port: int) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TIDE_DATA_DIR": str(tmp_path / "data")}
+    env.pop("REDIS_URL", None)
+    argv = [sys.executable, "-m", "infra.cli", "up", "--workers", "1", "--port", str(port),
+            "--model", str(model)]  # fmt: skip
+    log = open(tmp_path / "up.log", "wb")  # noqa: SIM115 - lives with the process
+    return subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+
+def completes(url: str) -> bool:
+    try:
+        job = httpx.post(f"{url}/v1/jobs", json={"prompt": "hi", "max_tokens": 4}, timeout=5)
+        job_id = job.json()["id"]
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            got = httpx.get(f"{url}/v1/jobs/{job_id}", timeout=5).json()
+            if got["status"] not in ("queued", "in_progress"):
+                return bool(got["status"] == "completed")
+            time.sleep(0.1)
+    except (httpx.HTTPError, KeyError, ValueError):
+        return False
+    return False
+
+
+def test_kill_9_of_each_child_is_survived_and_sigint_stops_the_tree(tmp_path, tiny_path):
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    up = start_up(tmp_path, tiny_path, port)
+    try:
+        wait_ready(url, timeout=120)
+        wait_for(lambda: completes(url), 90, what="a first job")
+        worker = wait_for(lambda: find(up.pid, "infra.cli worker"), 30, what="the worker")
+        for needle in ("uvicorn", "celery", "redis-server"):
+            victim = wait_for(lambda n=needle: find(up.pid, n), 30, what=needle)
+            os.kill(victim, signal.SIGKILL)
+            wait_for(lambda n=needle, v=victim: (p := find(up.pid, n)) and p != v, 60,
+                     what=f"{needle} restarted")  # fmt: skip
+            wait_for(lambda: completes(url), 90, what=f"a job after killing {needle}")
+            assert up.poll() is None, f"tide up exited after kill -9 of {needle}"
+        # The worker rode out the Redis restart: same process.
+        assert find(up.pid, "infra.cli worker") == worker
+        tree = descendants(up.pid)
+        os.kill(up.pid, signal.SIGINT)  # to tide up alone, not its process group
+        assert up.wait(timeout=120) == 0
+        deadline = time.monotonic() + 30
+        while [p for p in tree if Path(f"/proc/{p}").exists()] and time.monotonic() < deadline:
+            time.sleep(0.1)
+        left = {p: c for p, c in tree.items() if Path(f"/proc/{p}/cmdline").exists()}
+        assert not left, f"processes outlived tide up: {left}"
+    finally:
+        if up.poll() is None:
+            up.kill()
+        print((tmp_path / "up.log").read_text()[-4000:])
+
+
+def test_tide_up_gives_up_and_exits_non_zero_when_a_child_keeps_dying(tmp_path, tiny_path):
+    with socket.socket() as taken:  # the gateway's port is taken: uvicorn dies every time
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        up = start_up(tmp_path, tiny_path, port)
+        try:
+            code = up.wait(timeout=180)
+        finally:
+            if up.poll() is None:
+                up.kill()
+    log = (tmp_path / "up.log").read_text()
+    assert code != 0, log[-3000:]
+    assert "giving up" in log and "gateway" in log, log[-3000:]
