@@ -66,7 +66,7 @@ class Fleet:
                                "--log-level", "warning"])  # fmt: skip
         for i in range(2):
             self.spawn_worker(f"worker-{i}")
-        celery = [py, "-m", "celery", "-A", "infra.celery_app:celery_app", "worker", "--pool=solo",
+        celery = [py, "-m", "celery", "-A", "infra.celery_app:celery_app", "worker",
                   "-Q", "tide.webhooks,tide.batches", "--loglevel=WARNING", "--without-heartbeat",
                   "--without-gossip", "--without-mingle"]  # fmt: skip
         self.spawn("webhooks", celery)
