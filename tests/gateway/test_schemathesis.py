@@ -12,10 +12,10 @@ from infra.settings import Settings
 
 
 @pytest.fixture
-def api_schema(redis_server, tiny_path):
+def api_schema(redis_server, tiny_path, tmp_path):
     config = Settings(
         redis_url=redis_server.url, model=str(tiny_path), api_keys={"key-s": "tenant-s"},
-        webhook_allow_hosts=["127.0.0.1"],
+        webhook_allow_hosts=["127.0.0.1"], data_dir=tmp_path,  # uploads: not in the checkout
     )  # fmt: skip
     app = create_app(config)
     app.state.tide = load_state(config)
