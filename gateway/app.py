@@ -13,13 +13,12 @@ from contextlib import asynccontextmanager
 
 import redis
 import redis.asyncio
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
-from starlette.exceptions import HTTPException as StarletteHTTPException
+from fastapi import FastAPI
 
 from gateway.deps import GatewayState
-from gateway.metrics import RequestMetrics, note_rejection
+from gateway.errors import install_error_handlers
+from gateway.limits import BodySizeLimit
+from gateway.metrics import RequestMetrics
 from gateway.routes import batches, files, health, jobs, openai
 from infra.batches import BatchStore
 from infra.files import FileStore
@@ -61,12 +60,6 @@ def load_state(settings: Settings) -> GatewayState:
     return state
 
 
-def _error(
-    status: int, message: str, kind: str, headers: dict[str, str] | None = None
-) -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": kind}}, status, headers=headers)
-
-
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
 
@@ -87,36 +80,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         description="Queue-driven LLM inference: submit jobs, poll or stream them, get webhooks.",
         lifespan=lifespan,
     )
-    app.add_middleware(RequestMetrics)
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(RequestMetrics)  # outermost: it also counts the 413s of the limit
     for module in (jobs, openai, files, batches, health):
         app.include_router(module.router)
 
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        kind = "rate_limit_error" if exc.status_code == 429 else "invalid_request_error"
-        note_rejection(request.scope, exc)
-        return _error(exc.status_code, str(exc.detail), kind, exc.headers)
-
-    @app.exception_handler(RequestValidationError)
-    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        parts = []
-        for err in exc.errors():
-            loc = ".".join(str(p) for p in err.get("loc", ()) if p != "body") or "body"
-            parts.append(f"{loc}: {err.get('msg')}")
-        return _error(422, "; ".join(parts), "invalid_request_error")
-
-    @app.exception_handler(redis.RedisError)
-    async def redis_error(request: Request, exc: redis.RedisError) -> JSONResponse:
-        # Redis down, or every connection busy past gateway_redis_wait_seconds. A job is
-        # created in one Lua call or not at all, but if the connection broke after the call
-        # was sent it may exist: retry with the same Idempotency-Key to be sure of one job.
-        log.warning("Redis unavailable: %s", exc)
-        return _error(
-            503, f"job store unavailable ({exc}); retry (with an Idempotency-Key to avoid a "
-            "duplicate if this request reached the store)", "service_unavailable",
-            {"Retry-After": "1"},
-        )  # fmt: skip
-
+    install_error_handlers(app)
     return app
 
 

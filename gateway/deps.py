@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, field
 from typing import Annotated
 
+import anyio
 import redis
 import redis.asyncio as aredis
 from fastapi import Depends, HTTPException, Request
@@ -28,15 +30,24 @@ class GatewayState:
     files: FileStore
     batches: BatchStore
     load_error: str | None = None
+    tokenize_limiter: anyio.CapacityLimiter = field(init=False)
 
     def __post_init__(self) -> None:
         from infra.jobstore import _CREATE
 
         self.create_script = self.aredis.register_script(_CREATE)
+        self.tokenize_limiter = anyio.CapacityLimiter(tokenize_threads(self.settings))
 
     async def get_job(self, job_id: str) -> dict[str, str] | None:
         raw = await self.aredis.hgetall(Keys.job(job_id))
         return {k.decode(): v.decode() for k, v in raw.items()} if raw else None
+
+
+def tokenize_threads(settings: Settings) -> int:
+    """Threads that may tokenise at once; by default one core is left to the event loop."""
+    if settings.gateway_tokenize_threads:
+        return settings.gateway_tokenize_threads
+    return max(1, len(os.sched_getaffinity(0)) - 1)
 
 
 async def get_state(request: Request) -> GatewayState:

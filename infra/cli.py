@@ -332,10 +332,32 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 
 def _client(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    """A client for the gateway at --url, as a context manager: a gateway it cannot reach
+    ends the command with one line (the URL it tried, how to choose another), exit code 2."""
+    import contextlib
+
     import httpx
 
-    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
-    return httpx.Client(base_url=args.url, headers=headers, timeout=30)
+    @contextlib.contextmanager
+    def client():  # type: ignore[no-untyped-def]
+        headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+        try:
+            with httpx.Client(base_url=args.url, headers=headers, timeout=30) as c:
+                yield c
+        except (httpx.TransportError, httpx.InvalidURL, httpx.UnsupportedProtocol) as e:
+            flags = argparse.ArgumentParser()
+            _client_flags(flags)
+            default = flags.get_default("url")
+            chosen = "the default" if args.url == default else f"from --url; default {default}"
+            reason = str(e).rstrip(".") or type(e).__name__
+            print(
+                f"error: cannot reach the gateway at {args.url} ({chosen}): {reason}; start "
+                "one (tide up) or pass --url URL",
+                file=sys.stderr,
+            )
+            raise SystemExit(2) from None
+
+    return client()
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
@@ -363,8 +385,11 @@ def cmd_submit(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     with _client(args) as client:
         r = client.get(f"/v1/jobs/{args.job_id}")
-        print(json.dumps(r.json(), indent=2))
-        return 0 if r.status_code == 200 else 1
+    if r.status_code != 200:
+        print(f"error: {r.status_code} {r.text}", file=sys.stderr)
+        return 1
+    print(json.dumps(r.json(), indent=2))
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+REJECTED_PREFIX = "rejected by the worker"  # worker/service.py: the request itself was bad
+
 
 def usage_of(record: dict[str, str]) -> dict[str, int]:
     prompt = int(record.get("prompt_tokens") or 0)
@@ -43,3 +45,16 @@ def chat_body(record: dict[str, str], model: str) -> dict[str, Any]:
         "choices": [choice],
         "usage": usage_of(record),
     }
+
+
+def unfinished_job(job_id: str, record: dict[str, str]) -> tuple[int, str, str]:
+    """(HTTP status, message, code) for a synchronous request whose job did not complete:
+    409 when it was cancelled or expired meanwhile, 400 when a worker rejected the request,
+    500 (with the job id, to look it up) for a fault inside the fleet."""
+    status, error = record.get("status") or "missing", record.get("error") or ""
+    if status in ("cancelled", "expired"):
+        return 409, f"job {job_id} was {status} before it completed", f"job_{status}"
+    if status == "failed" and error.startswith(REJECTED_PREFIX):
+        return 400, f"job {job_id} failed: {error}", "job_rejected"
+    detail = f": {error}" if error else ""
+    return 500, f"job {job_id} {status}{detail}", "job_failed"

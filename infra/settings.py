@@ -47,6 +47,15 @@ class Settings(BaseSettings):
     max_requests_per_second_per_tenant: int = 1_000
     max_queue_length: int = 100_000  # per bucket queue
 
+    # Gateway request limits (docs/api.md): 413 above the body size; POST /v1/files has
+    # file_max_bytes instead. Tokenising runs in at most this many threads (0 = the CPUs
+    # this process may use, less one, at least 1), so the event loop keeps a core.
+    max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="JSON request bodies")
+    gateway_tokenize_threads: int = Field(0, ge=0, le=256)
+    # /readyz: false answers 200 with "workers": 0 while no worker is up (scale from zero);
+    # true answers 503 until a worker that takes jobs sends its heartbeat.
+    ready_requires_workers: bool = False
+
     # Gateway: Redis connections (each open SSE stream holds one while it waits).
     gateway_redis_connections: int = Field(1000, ge=8, le=9000)
     gateway_redis_wait_seconds: float = Field(

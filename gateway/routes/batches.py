@@ -13,7 +13,14 @@ from gateway.deps import StateDep, TenantDep
 from gateway.routes.jobs import ERRORS
 from infra.batches import new_batch_id, parse_window, public_batch, validate_batch
 from infra.protocol import Keys
-from infra.schemas import WebhookSpec
+from infra.schemas import (
+    METADATA_DOC,
+    METADATA_MAX_KEYS,
+    Metadata,
+    NonEmptyText,
+    Text,
+    WebhookSpec,
+)
 from infra.webhooks import UnsafeWebhookTarget, check_target
 
 router = APIRouter(prefix="/v1/batches", tags=["batches"])
@@ -21,10 +28,10 @@ router = APIRouter(prefix="/v1/batches", tags=["batches"])
 
 class BatchCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    input_file_id: str = Field(..., min_length=1)
+    input_file_id: NonEmptyText
     endpoint: Literal["/v1/completions", "/v1/chat/completions"]
-    completion_window: str = Field("24h", description="'24h', or any N s|m|h")
-    metadata: dict[str, str] | None = Field(None, max_length=16)
+    completion_window: Text = Field("24h", description="'24h', or any N s|m|h")
+    metadata: Metadata | None = Field(None, max_length=METADATA_MAX_KEYS, description=METADATA_DOC)
     webhook: WebhookSpec | None = Field(None, description="signed POST of the batch when it ends")
 
 

@@ -9,6 +9,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from gateway.deps import StateDep
 from gateway.metrics import BACKLOG, QUEUE_DEPTH, registry
+from gateway.readiness import readiness
 from infra.backlog import read_backlog_async
 from infra.protocol import BUCKETS, Priority, queue_name
 
@@ -16,22 +17,19 @@ router = APIRouter(tags=["health"])
 
 
 @router.get("/healthz")
-def healthz() -> dict[str, str]:
+async def healthz() -> dict[str, str]:  # async: never queued behind busy worker threads
     return {"status": "ok"}
 
 
-@router.get("/readyz", responses={503: {"description": "Redis or the tokenizer is not available"}})
-def readyz(state: StateDep) -> JSONResponse:
-    checks = {"tokenizer": state.model is not None}
-    try:
-        checks["redis"] = bool(state.redis.ping())
-    except redis.RedisError:
-        checks["redis"] = False
-    ok = all(checks.values())
-    body = {"status": "ready" if ok else "not ready", "checks": checks}
-    if state.load_error:
-        body["error"] = state.load_error
-    return JSONResponse(body, status_code=200 if ok else 503)
+@router.get(
+    "/readyz",
+    responses={503: {"description": "Redis or the tokenizer is not available, or no worker "
+                     "serves while TIDE_READY_REQUIRES_WORKERS is set"}},
+)  # fmt: skip
+async def readyz(state: StateDep) -> JSONResponse:
+    """Redis, the tokenizer, and the live workers per pool ("workers": 0, "no worker yet")."""
+    ready, body = await readiness(state)
+    return JSONResponse(body, status_code=200 if ready else 503)
 
 
 @router.get("/metrics", response_class=PlainTextResponse)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, HTTPException
 from sse_starlette.sse import EventSourceResponse
@@ -16,10 +16,11 @@ from infra.protocol import JobStatus
 from infra.schemas import ErrorBody, JobAccepted, JobCreate, JobPublic, job_public
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
-ERRORS = {
+ERRORS: dict[int | str, dict[str, Any]] = {
     400: {"model": ErrorBody, "description": "invalid request (the message names the field)"},
     401: {"model": ErrorBody},
     404: {"model": ErrorBody},
+    413: {"model": ErrorBody, "description": "the body is over TIDE_MAX_BODY_BYTES"},
     429: {"model": ErrorBody, "description": "a limit was reached; see Retry-After"},
 }
 

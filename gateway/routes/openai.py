@@ -7,17 +7,24 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any, Literal
 
-from fastapi import APIRouter, HTTPException
+from fastapi import APIRouter
 from pydantic import BaseModel
 from sse_starlette.sse import EventSourceResponse
 
 from gateway.deps import GatewayState, StateDep, TenantDep
+from gateway.errors import ApiError
 from gateway.events import job_events
 from gateway.routes.jobs import ERRORS
 from gateway.submit import submit_job
-from infra.openai_format import chat_body, completion_body
+from infra.openai_format import chat_body, completion_body, unfinished_job
 from infra.protocol import Priority
-from infra.schemas import ChatCompletionCreate, CompletionCreate, JobCreate, SamplingFields
+from infra.schemas import (
+    ChatCompletionCreate,
+    CompletionCreate,
+    ErrorBody,
+    JobCreate,
+    SamplingFields,
+)
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 
@@ -32,10 +39,13 @@ async def _final(state: GatewayState, job_id: str) -> dict[str, str]:
         pass
     record = await state.get_job(job_id) or {}
     if record.get("status") != "completed":
-        raise HTTPException(
-            500, detail=f"job {job_id} {record.get('status')}: {record.get('error')}"
-        )
+        raise unfinished_job_error(job_id, record)
     return record
+
+
+def unfinished_job_error(job_id: str, record: dict[str, str]) -> ApiError:
+    status, message, code = unfinished_job(job_id, record)
+    return ApiError(status, message, code=code)
 
 
 def _stream(state: GatewayState, job_id: str, chunk: Any) -> EventSourceResponse:
@@ -50,7 +60,14 @@ def _stream(state: GatewayState, job_id: str, chunk: Any) -> EventSourceResponse
     return EventSourceResponse(events())
 
 
-@router.post("/completions", responses=ERRORS)
+SYNC_ERRORS: dict[int | str, dict[str, Any]] = {
+    **ERRORS,
+    409: {"model": ErrorBody, "description": "the job was cancelled (or expired) meanwhile"},
+    500: {"model": ErrorBody, "description": "the job failed inside the fleet (its id named)"},
+}
+
+
+@router.post("/completions", responses=SYNC_ERRORS)
 async def completions(body: CompletionCreate, state: StateDep, tenant: TenantDep) -> Any:
     record = await submit_job(state, tenant, _job(body, prompt=body.prompt), None)
     job_id, created = record["id"], int(time.time())
@@ -69,7 +86,7 @@ async def completions(body: CompletionCreate, state: StateDep, tenant: TenantDep
     return completion_body(await _final(state, job_id), state.model_name)
 
 
-@router.post("/chat/completions", responses=ERRORS)
+@router.post("/chat/completions", responses=SYNC_ERRORS)
 async def chat_completions(body: ChatCompletionCreate, state: StateDep, tenant: TenantDep) -> Any:
     record = await submit_job(state, tenant, _job(body, messages=body.messages), None)
     job_id, created = record["id"], int(time.time())

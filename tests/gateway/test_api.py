@@ -17,13 +17,15 @@ A = {"Authorization": "Bearer key-a"}
 B = {"Authorization": "Bearer key-b"}
 
 
-def make_client(redis_server, model: str, **overrides) -> TestClient:
+def make_client(
+    redis_server, model: str, raise_server_exceptions: bool = True, **overrides
+) -> TestClient:
     settings = Settings(
         redis_url=redis_server.url, model=model, api_keys=KEYS,
         webhook_allow_hosts=["127.0.0.1"], bucket_short_max=64, bucket_medium_max=256,
         **overrides,
     )  # fmt: skip
-    return TestClient(create_app(settings))
+    return TestClient(create_app(settings), raise_server_exceptions=raise_server_exceptions)
 
 
 @pytest.fixture
@@ -61,22 +63,22 @@ def test_bucket_by_prompt_plus_max_tokens(client, max_tokens, bucket):
 @pytest.mark.parametrize(
     ("body", "status", "message"),
     [
-        ({"max_tokens": 5}, 422, "give exactly one of prompt or messages"),
-        ({"prompt": "a", "messages": [{"role": "user", "content": "b"}]}, 422, "exactly one"),
+        ({"max_tokens": 5}, 400, "give exactly one of prompt or messages"),
+        ({"prompt": "a", "messages": [{"role": "user", "content": "b"}]}, 400, "exactly one"),
         (
             {"prompt": "a", "max_tokens": 0},
-            422,
+            400,
             "max_tokens: Input should be greater than or equal to 1",
         ),
         ({"prompt": "a", "max_tokens": 1023}, 400, "exceeds the model's context of 1024 tokens"),
         ({"prompt": "word " * 300}, 400, "1501 tokens, but the model's context is 1024 tokens"),
-        ({"prompt": "a", "temperature": "hot"}, 422, "temperature"),
-        ({"prompt": "a", "top_p": 1.5}, 422, "top_p: Input should be less than or equal to 1"),
-        ({"prompt": "a", "surprise": 1}, 422, "surprise: Extra inputs are not permitted"),
-        ({"prompt": "a", "webhook": {"url": "not a url"}}, 422, "webhook.url"),
+        ({"prompt": "a", "temperature": "hot"}, 400, "temperature"),
+        ({"prompt": "a", "top_p": 1.5}, 400, "top_p: Input should be less than or equal to 1"),
+        ({"prompt": "a", "surprise": 1}, 400, "surprise: Extra inputs are not permitted"),
+        ({"prompt": "a", "webhook": {"url": "not a url"}}, 400, "webhook.url"),
         ({"prompt": "a", "webhook": {"url": "http://10.0.0.8/hook"}}, 400, "non-public address"),
-        ({"prompt": "a", "priority": "urgent"}, 422, "priority"),
-        ({"prompt": ""}, 422, "prompt: String should have at least 1 character"),
+        ({"prompt": "a", "priority": "urgent"}, 400, "priority"),
+        ({"prompt": ""}, 400, "prompt: String should have at least 1 character"),
     ],
 )
 def test_bad_input_names_the_field_and_enqueues_nothing(
@@ -142,7 +144,9 @@ def test_queue_cap_and_rate_limit(redis_server, redis_client, tiny_path):
 def test_readyz_reports_a_missing_tokenizer(redis_server, tmp_path):
     with make_client(redis_server, str(tmp_path / "nope")) as c:
         r = c.get("/readyz")
-        assert r.status_code == 503 and r.json()["checks"] == {"tokenizer": False, "redis": True}
+        checks = r.json()["checks"]
+        assert r.status_code == 503
+        assert checks == {"tokenizer": False, "redis": True, "workers": False}
         assert c.post("/v1/jobs", json={"prompt": "a"}, headers=A).status_code == 503
 
 
@@ -168,7 +172,7 @@ def test_chat_messages_use_the_models_template(redis_server, redis_client, tiny_
         assert got["usage"]["prompt_tokens"] == len(rendered.encode()) - 2  # "<s>" is one token
         bad = {"messages": [{"role": "wizard", "content": "x"}]}
         r = c.post("/v1/jobs", json=bad, headers=A)
-        assert r.status_code == 422 and "messages.0.role" in r.json()["error"]["message"]
+        assert r.status_code == 400 and "messages.0.role" in r.json()["error"]["message"]
 
 
 def test_chat_without_a_template_is_a_clear_400(redis_server, redis_client, tiny_path, tmp_path):

@@ -36,7 +36,7 @@ def job(max_tokens: int = 8) -> dict:
 def test_rejections_by_reason(redis_server, redis_client, tiny_path):
     with make_client(redis_server, tiny_path) as c:
         before = rejections(c)
-        assert c.post("/v1/jobs", json={"prompt": "a", "top_p": 2}, headers=A).status_code == 422
+        assert c.post("/v1/jobs", json={"prompt": "a", "top_p": 2}, headers=A).status_code == 400
         assert c.post("/v1/jobs", json=job(1023), headers=A).status_code == 400  # > context
         assert c.post("/v1/jobs", json=job()).status_code == 401
         assert c.get("/v1/jobs/job_nope", headers=A).status_code == 404

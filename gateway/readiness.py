@@ -1,0 +1,82 @@
+"""Readiness: can this gateway serve? Redis, the tokenizer, and live workers per pool.
+
+Workers are read from their heartbeats (worker/service.py writes `tide:worker:<id>` with a
+TTL and lists the id in the zset `tide:workers`); an id whose hash has expired is gone. A
+draining worker takes no new jobs, so it does not count as serving.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import redis
+import redis.asyncio as aredis
+
+from gateway.deps import GatewayState
+from infra.protocol import Keys
+
+HEARTBEAT_FIELDS = ("pool", "buckets", "draining")
+
+
+@dataclass
+class PoolWorkers:
+    workers: int = 0  # live and taking jobs
+    draining: int = 0
+    buckets: set[str] = field(default_factory=set)
+
+    def public(self) -> dict[str, Any]:
+        return {"workers": self.workers, "draining": self.draining, "buckets": sorted(self.buckets)}
+
+
+async def read_pools(r: aredis.Redis) -> dict[str, PoolWorkers]:
+    """Live workers per pool, from their heartbeat hashes."""
+    ids = cast(list[bytes], await r.zrange(Keys.workers, 0, -1))  # no decode_responses
+    pipe = r.pipeline(transaction=False)
+    for worker_id in ids:
+        pipe.hmget(Keys.worker(worker_id.decode()), HEARTBEAT_FIELDS)
+    pools: dict[str, PoolWorkers] = {}
+    for pool, buckets, draining in await pipe.execute() if ids else []:
+        if pool is None:  # the heartbeat expired: the worker is gone
+            continue
+        entry = pools.setdefault(pool.decode(), PoolWorkers())
+        if (draining or b"0") != b"0":
+            entry.draining += 1
+        else:
+            entry.workers += 1
+        entry.buckets.update(b for b in (buckets or b"").decode().split(",") if b)
+    return pools
+
+
+async def readiness(state: GatewayState) -> tuple[bool, dict[str, Any]]:
+    """(ready, body) for /readyz. With no serving worker the gateway is ready only where
+    the fleet scales from zero (TIDE_READY_REQUIRES_WORKERS=false): jobs queue until one
+    starts."""
+    checks = {"tokenizer": state.model is not None, "redis": True}
+    pools: dict[str, PoolWorkers] = {}
+    try:
+        await state.aredis.ping()
+        pools = await read_pools(state.aredis)
+    except redis.RedisError:
+        checks["redis"] = False
+    serving = sum(p.workers for p in pools.values())
+    checks["workers"] = serving > 0
+    body: dict[str, Any] = {
+        "model": state.model_name,
+        "workers": serving,
+        "pools": {name: p.public() for name, p in pools.items()},
+    }
+    required = state.settings.ready_requires_workers
+    if checks["redis"] and not serving:
+        draining = sum(p.draining for p in pools.values())
+        gone = f"{draining} worker(s), all draining" if draining else "no worker yet"
+        body["detail"] = (
+            f"{gone}: TIDE_READY_REQUIRES_WORKERS is set, so not ready until one serves"
+            if required
+            else f"{gone}: jobs queue until one starts (the fleet may scale from zero)"
+        )
+    ready = checks["tokenizer"] and checks["redis"] and (serving > 0 or not required)
+    if state.load_error:
+        body["error"] = state.load_error
+    body = {"status": "ready" if ready else "not ready", "checks": checks, **body}
+    return ready, body
