@@ -20,12 +20,12 @@ from gateway.errors import install_error_handlers
 from gateway.limits import BodySizeLimit
 from gateway.metrics import RequestMetrics
 from gateway.routes import batches, files, health, jobs, openai
-from infra.batches import BatchStore
-from infra.files import FileStore
-from infra.jobstore import JobStore
+from infra.batches.batches import BatchStore
+from infra.jobs.files import FileStore
+from infra.jobs.storage import make_storage
+from infra.jobs.submission import ModelInfo
 from infra.settings import Settings, get_settings
-from infra.storage import make_storage
-from infra.submission import ModelInfo
+from infra.wire.jobstore import JobStore
 from worker.models.registry import model_folder
 
 log = logging.getLogger(__name__)

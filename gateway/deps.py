@@ -11,12 +11,12 @@ import redis
 import redis.asyncio as aredis
 from fastapi import Depends, HTTPException, Request
 
-from infra.batches import BatchStore
-from infra.files import FileStore
-from infra.jobstore import JobStore
-from infra.protocol import Keys
+from infra.batches.batches import BatchStore
+from infra.jobs.files import FileStore
+from infra.jobs.submission import ModelInfo
 from infra.settings import Settings
-from infra.submission import ModelInfo
+from infra.wire.jobstore import JobStore
+from infra.wire.protocol import Keys
 
 
 @dataclass
@@ -33,7 +33,7 @@ class GatewayState:
     tokenize_limiter: anyio.CapacityLimiter = field(init=False)
 
     def __post_init__(self) -> None:
-        from infra.jobstore import _CREATE
+        from infra.wire.jobstore import _CREATE
 
         self.create_script = self.aredis.register_script(_CREATE)
         self.tokenize_limiter = anyio.CapacityLimiter(tokenize_threads(self.settings))

@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from gateway.deps import GatewayState
-from infra.protocol import JobStatus, Keys
+from infra.wire.protocol import JobStatus, Keys
 
 
 async def job_events(state: GatewayState, job_id: str) -> AsyncIterator[dict[str, Any]]:

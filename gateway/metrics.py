@@ -17,7 +17,7 @@ from prometheus_client.registry import Collector
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from infra.backlog import BucketBacklog
+from infra.wire.backlog import BucketBacklog
 
 # Why a request was refused: limits by the job store's reason, the rest by status.
 LIMIT_REASONS = {"rate": "rate_limit", "tenant_full": "tenant_queue_full",

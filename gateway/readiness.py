@@ -14,7 +14,7 @@ import redis
 import redis.asyncio as aredis
 
 from gateway.deps import GatewayState
-from infra.protocol import Keys
+from infra.wire.protocol import Keys
 
 HEARTBEAT_FIELDS = ("pool", "buckets", "draining")
 

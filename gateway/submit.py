@@ -1,4 +1,4 @@
-"""The gateway's submit path: build the job (infra.submission), write it in one call."""
+"""The gateway's submit path: build the job (infra.jobs.submission), write it in one call."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ import anyio
 from gateway.deps import GatewayState
 from gateway.errors import ApiError
 from gateway.metrics import LIMIT_REASONS, tag_rejection
-from infra.jobstore import LimitExceeded, NewJob
-from infra.protocol import Priority
-from infra.schemas import JobCreate
-from infra.submission import SubmissionError, build_job, limit_error
-from infra.webhooks import UnsafeWebhookTarget, check_target
+from infra.jobs.schemas import JobCreate
+from infra.jobs.submission import SubmissionError, build_job, limit_error
+from infra.jobs.webhooks import UnsafeWebhookTarget, check_target
+from infra.wire.jobstore import LimitExceeded, NewJob
+from infra.wire.protocol import Priority
 
 # Below this many characters a request is prepared on the event loop: tokenising it takes
 # about as long as the hop to a thread and back (tens of microseconds).

@@ -82,7 +82,7 @@ class Settings(BaseSettings):
         "127.0.0.1", description="bind address; 0.0.0.0 advertises the host name instead"
     )
     worker_device: str = Field(
-        "", description="device table entry for MFU/MBU peaks (infra/devices.py); '' = detect"
+        "", description="device table entry for MFU/MBU peaks (infra/plan/devices.py); '' = detect"
     )
     worker_peak_flops: float | None = Field(None, gt=0, description="FLOP/s; overrides detection")
     worker_peak_bandwidth: float | None = Field(

@@ -25,9 +25,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from infra.batch_cli import run_fleet, run_offline  # noqa: E402
-from infra.fleet import wait_ready  # noqa: E402
-from infra.redis_server import free_port  # noqa: E402
+from infra.cli.batch import run_fleet, run_offline  # noqa: E402
+from infra.fleet.local_fleet import wait_ready  # noqa: E402
+from infra.fleet.redis_server import free_port  # noqa: E402
 
 STORIES = ROOT.parent / "shared/models/stories260K"
 PROMPTS = ["Once upon a time", "Lily wanted to", "The little dog", "One day, a big bear", "Tom had"]

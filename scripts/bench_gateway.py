@@ -32,8 +32,8 @@ import redis
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from infra.fleet import wait_ready  # noqa: E402
-from infra.redis_server import EmbeddedRedis, free_port  # noqa: E402
+from infra.fleet.local_fleet import wait_ready  # noqa: E402
+from infra.fleet.redis_server import EmbeddedRedis, free_port  # noqa: E402
 
 STORIES = ROOT.parent / "shared/models/stories260K"
 

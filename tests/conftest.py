@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from infra.redis_server import EmbeddedRedis
+from infra.fleet.redis_server import EmbeddedRedis
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -89,7 +89,7 @@ def moto_url() -> Iterator[str]:
 
     import httpx
 
-    from infra.redis_server import free_port
+    from infra.fleet.redis_server import free_port
 
     exe = shutil.which("moto_server") or os.path.join(
         os.path.dirname(sys.executable), "moto_server"

@@ -3,7 +3,7 @@
 Names mirror vLLM's (`vllm:` becomes `tide:`), labelled by model and pool. Every engine
 step calls `WorkerMetrics.on_step` (the engine's `on_step` hook); utilisation per step
 comes from the model's shapes, the tokens and KV positions of the step, its wall time and
-the device's peaks (the table in infra/devices.py on a known GPU, a short measurement
+the device's peaks (the table in infra/plan/devices.py on a known GPU, a short measurement
 elsewhere, or the settings' overrides). docs/observability.md lists every series.
 """
 
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 from prometheus_client.exposition import start_http_server
 
-from infra.devices import get_device, guess_device
+from infra.plan.devices import get_device, guess_device
 
 if TYPE_CHECKING:
     from infra.settings import Settings

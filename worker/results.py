@@ -16,9 +16,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from infra import queues
-from infra.jobstore import JobStore
-from infra.protocol import JobStatus, Keys
+from infra.wire import queues
+from infra.wire.jobstore import JobStore
+from infra.wire.protocol import JobStatus, Keys
 from worker.engine import RequestOutput
 
 log = logging.getLogger(__name__)

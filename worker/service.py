@@ -1,7 +1,7 @@
 """The worker process: pull jobs from Redis into the engine, step it, write results.
 
 A consumer loop with a stop flag. It takes messages only for free sequence slots (several
-in one round trip, ``infra.queues.Taker``: kombu's Redis format, without kombu's per-call
+in one round trip, ``infra.wire.queues.Taker``: kombu's Redis format, without kombu's per-call
 cost) and admits each only when ``engine.can_admit`` says it fits; at most one message
 waits prefetched, the rest go back to the front of their queues. Work it cannot start
 stays in Redis, visible to other workers and the controller.
@@ -26,10 +26,10 @@ from typing import Any
 
 import redis
 
-from infra import queues
-from infra.jobstore import JobStore
-from infra.protocol import JobMessage, JobStatus, Keys, Priority, consume_order
 from infra.settings import Settings
+from infra.wire import queues
+from infra.wire.jobstore import JobStore
+from infra.wire.protocol import JobMessage, JobStatus, Keys, Priority, consume_order
 from worker.engine import LLMEngine, SamplingParams
 from worker.engine import Priority as EnginePriority
 from worker.metrics import WorkerMetrics
@@ -316,7 +316,7 @@ class WorkerService:
             self._idle_since = time.time()
 
     def _send_webhooks(self) -> None:
-        from infra.webhooks import enqueue_webhook
+        from infra.jobs.webhooks import enqueue_webhook
 
         while self._webhooks:
             job_id, status = self._webhooks[0]

@@ -11,9 +11,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.deps import StateDep, TenantDep
 from gateway.routes.jobs import ERRORS
-from infra.batches import new_batch_id, parse_window, public_batch, validate_batch
-from infra.protocol import Keys
-from infra.schemas import (
+from infra.batches.batches import new_batch_id, parse_window, public_batch, validate_batch
+from infra.jobs.schemas import (
     METADATA_DOC,
     METADATA_MAX_KEYS,
     Metadata,
@@ -21,7 +20,8 @@ from infra.schemas import (
     Text,
     WebhookSpec,
 )
-from infra.webhooks import UnsafeWebhookTarget, check_target
+from infra.jobs.webhooks import UnsafeWebhookTarget, check_target
+from infra.wire.protocol import Keys
 
 router = APIRouter(prefix="/v1/batches", tags=["batches"])
 

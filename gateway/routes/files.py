@@ -11,8 +11,8 @@ from fastapi.responses import StreamingResponse
 
 from gateway.deps import StateDep, TenantDep
 from gateway.routes.jobs import ERRORS
-from infra.files import FileTooLarge, limited, public_file
-from infra.storage import CHUNK
+from infra.jobs.files import FileTooLarge, limited, public_file
+from infra.jobs.storage import CHUNK
 
 router = APIRouter(prefix="/v1/files", tags=["files"])
 PURPOSES = ("batch", "batch_output")

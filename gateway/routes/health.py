@@ -10,8 +10,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from gateway.deps import StateDep
 from gateway.metrics import BACKLOG, QUEUE_DEPTH, registry
 from gateway.readiness import readiness
-from infra.backlog import read_backlog_async
-from infra.protocol import BUCKETS, Priority, queue_name
+from infra.wire.backlog import read_backlog_async
+from infra.wire.protocol import BUCKETS, Priority, queue_name
 
 router = APIRouter(tags=["health"])
 

@@ -12,8 +12,8 @@ from sse_starlette.sse import EventSourceResponse
 from gateway.deps import GatewayState, StateDep, TenantDep
 from gateway.events import job_events
 from gateway.submit import submit_job
-from infra.protocol import JobStatus
-from infra.schemas import ErrorBody, JobAccepted, JobCreate, JobPublic, job_public
+from infra.jobs.schemas import ErrorBody, JobAccepted, JobCreate, JobPublic, job_public
+from infra.wire.protocol import JobStatus
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 ERRORS: dict[int | str, dict[str, Any]] = {

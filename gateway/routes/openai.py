@@ -16,15 +16,15 @@ from gateway.errors import ApiError
 from gateway.events import job_events
 from gateway.routes.jobs import ERRORS
 from gateway.submit import submit_job
-from infra.openai_format import chat_body, completion_body, unfinished_job
-from infra.protocol import Priority
-from infra.schemas import (
+from infra.jobs.openai_format import chat_body, completion_body, unfinished_job
+from infra.jobs.schemas import (
     ChatCompletionCreate,
     CompletionCreate,
     ErrorBody,
     JobCreate,
     SamplingFields,
 )
+from infra.wire.protocol import Priority
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 

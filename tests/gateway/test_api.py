@@ -9,8 +9,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from gateway.app import create_app
-from infra.protocol import Keys
 from infra.settings import Settings
+from infra.wire.protocol import Keys
 
 KEYS = {"key-a": "tenant-a", "key-b": "tenant-b"}
 A = {"Authorization": "Bearer key-a"}
@@ -188,7 +188,7 @@ def test_chat_without_a_template_is_a_clear_400(redis_server, redis_client, tiny
 
 
 def test_redis_down_is_a_503_with_retry_after_not_a_500(tiny_path):
-    from infra.redis_server import free_port
+    from infra.fleet.redis_server import free_port
 
     dead = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens here
     settings = Settings(redis_url=dead, model=str(tiny_path))

@@ -11,7 +11,7 @@ from fnmatch import fnmatchcase
 
 import pytest
 
-from infra.protocol import Keys
+from infra.wire.protocol import Keys
 from tests.gateway.test_api import A, make_client, queued_messages
 
 pytestmark = pytest.mark.timeout(60)  # a request that waits for a worker fails, not hangs

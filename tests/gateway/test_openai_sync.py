@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from infra.protocol import Keys
+from infra.wire.protocol import Keys
 from tests.conftest import wait_for
 from tests.gateway.test_api import A, make_client
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from infra.protocol import Keys
+from infra.wire.protocol import Keys
 from tests.gateway.test_api import make_client
 
 
@@ -69,7 +69,7 @@ def test_redis_down_is_not_ready(tiny_path):
     from fastapi.testclient import TestClient
 
     from gateway.app import create_app
-    from infra.redis_server import free_port
+    from infra.fleet.redis_server import free_port
     from infra.settings import Settings
 
     settings = Settings(redis_url=f"redis://127.0.0.1:{free_port()}/0", model=str(tiny_path))

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from infra.submission import ModelInfo
+from infra.jobs.submission import ModelInfo
 from tests.gateway.test_api import A, make_client
 
 pytestmark = pytest.mark.timeout(60)  # a request that waits for a worker fails, not hangs

@@ -18,7 +18,7 @@ import httpx
 import pytest
 import redis
 
-from infra.redis_server import EmbeddedRedis, free_port
+from infra.fleet.redis_server import EmbeddedRedis, free_port
 from tests.conftest import (
     ROOT,
     wait_for,
@@ -66,7 +66,7 @@ class Fleet:
                                "--log-level", "warning"])  # fmt: skip
         for i in range(2):
             self.spawn_worker(f"worker-{i}")
-        celery = [py, "-m", "celery", "-A", "infra.celery_app:celery_app", "worker",
+        celery = [py, "-m", "celery", "-A", "infra.jobs.celery_app:celery_app", "worker",
                   "-Q", "tide.webhooks,tide.batches", "--loglevel=WARNING", "--without-heartbeat",
                   "--without-gossip", "--without-mingle"]  # fmt: skip
         self.spawn("webhooks", celery)

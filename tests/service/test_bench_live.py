@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from infra.cli import main
+from infra.cli.main import main
 from tests.service.conftest import AUTH
 
 

@@ -24,8 +24,8 @@ import httpx
 import pytest
 import redis
 
-from infra.fleet import wait_ready
-from infra.redis_server import free_port
+from infra.fleet.local_fleet import wait_ready
+from infra.fleet.redis_server import free_port
 from tests.conftest import ROOT, make_engine, wait_for
 from tests.service.conftest import Receiver
 from tests.service.procs import descendants, find

@@ -13,8 +13,8 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from infra.fleet import wait_ready
-from infra.redis_server import free_port
+from infra.fleet.local_fleet import wait_ready
+from infra.fleet.redis_server import free_port
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.slow

@@ -15,8 +15,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from infra.fleet import wait_ready
-from infra.redis_server import free_port
+from infra.fleet.local_fleet import wait_ready
+from infra.fleet.redis_server import free_port
 from tests.conftest import ROOT, wait_for
 from tests.service.procs import descendants, find
 

@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from infra.redis_server import EmbeddedRedis
-from infra.webhooks import enqueue_webhook
+from infra.fleet.redis_server import EmbeddedRedis
+from infra.jobs.webhooks import enqueue_webhook
 from tests.conftest import ROOT, wait_for
 from tests.service.conftest import SECRET
 
@@ -98,7 +98,7 @@ class Sender:
         }
         # The command line `tide up` and the fleet tests use: pool and concurrency come
         # from the app's configuration, not from flags.
-        argv = [sys.executable, "-m", "celery", "-A", "infra.celery_app:celery_app", "worker",
+        argv = [sys.executable, "-m", "celery", "-A", "infra.jobs.celery_app:celery_app", "worker",
                 "-Q", "tide.webhooks,tide.batches", "--loglevel=INFO", "--without-heartbeat",
                 "--without-gossip", "--without-mingle"]  # fmt: skip
         log = open(self.tmp / "celery.log", "ab")  # noqa: SIM115 - lives with the process

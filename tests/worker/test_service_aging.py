@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from infra import queues
-from infra.protocol import JobMessage, queue_name
 from infra.settings import Settings
+from infra.wire import queues
+from infra.wire.protocol import JobMessage, queue_name
 from tests.conftest import make_engine
 from worker.service import BATCH_EVERY, TAKE_AT_MOST, WorkerService
 
@@ -36,9 +36,9 @@ def test_a_redis_error_while_saving_results_loses_nothing(redis_server, redis_cl
     import pytest
     import redis
 
-    from infra.jobstore import JobStore
-    from infra.schemas import JobCreate
-    from infra.submission import ModelInfo, build_job
+    from infra.jobs.schemas import JobCreate
+    from infra.jobs.submission import ModelInfo, build_job
+    from infra.wire.jobstore import JobStore
 
     settings = Settings(redis_url=redis_server.url, model=str(tiny_path))
     store = JobStore(redis_client)

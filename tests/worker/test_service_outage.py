@@ -10,12 +10,12 @@ from pathlib import Path
 
 import redis
 
-from infra.jobstore import JobStore
-from infra.protocol import Keys
-from infra.redis_server import EmbeddedRedis, free_port
-from infra.schemas import JobCreate
+from infra.fleet.redis_server import EmbeddedRedis, free_port
+from infra.jobs.schemas import JobCreate
+from infra.jobs.submission import ModelInfo, build_job
 from infra.settings import Settings
-from infra.submission import ModelInfo, build_job
+from infra.wire.jobstore import JobStore
+from infra.wire.protocol import Keys
 from tests.conftest import make_engine, wait_for
 from worker.service import WorkerService
 

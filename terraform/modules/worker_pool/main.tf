@@ -29,7 +29,7 @@ locals {
       TIDE_ENV           = "production"
       TIDE_DRAIN_TIMEOUT = tostring(local.worker_drain_s)
       AWS_DEFAULT_REGION = data.aws_region.current.name
-      # The worker follows its own termination (infra/aws_lifecycle.py): it drains, then
+      # The worker follows its own termination (infra/fleet/aws_lifecycle.py): it drains, then
       # completes this hook.
       TIDE_AWS_REGION         = data.aws_region.current.name
       TIDE_AWS_ASG_NAME       = local.name

@@ -1,0 +1,1 @@
+"""OpenAI-format batches: store, validation and fan-out, supervision, finalize."""

@@ -1,0 +1,1 @@
+"""The load bench: workload, HTTP client, statistics, plots, scenarios."""

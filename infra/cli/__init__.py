@@ -1,0 +1,1 @@
+"""The `tide` command: the composition root."""

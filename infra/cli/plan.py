@@ -1,0 +1,155 @@
+"""``tide plan``: how a model fits a device, and the engine settings that follow from it."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+
+from infra.plan.devices import DEVICES, GiB, get_device
+from infra.plan.model_shape import DTYPE_BYTES, PRESETS
+from infra.plan.planner import DEFAULT_HEADROOM, DEFAULT_RESERVE_BYTES, MAX_HEADROOM, Plan
+
+
+def _number(
+    kind: type[float] | type[int], low: float, high: float | None = None, low_ok: bool = False
+) -> Callable[[str], float]:
+    """An argparse type that names the limit it enforces (argparse adds the flag's name)."""
+
+    def parse(text: str) -> float:
+        try:
+            v: float = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        too_low = v < low if low_ok else v <= low
+        if too_low or (high is not None and v > high):
+            if high is not None:
+                raise argparse.ArgumentTypeError(f"must be in [{low}, {high}], got {v}")
+            bound = f">= {low}" if low_ok else f"> {low}"
+            raise argparse.ArgumentTypeError(f"must be {bound}, got {v}")
+        return v
+
+    return parse
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "plan",
+        help="memory and batch planner: KV budget, max_num_seqs, roofline, bucket thresholds",
+        description="Plan a model on a device: weights, KV bytes per token, KV budget, "
+        "concurrent sequences, engine settings, decode roofline and bucket thresholds. "
+        "Sizes are GiB (2^30 bytes). See docs/plan.md for every rule.",
+    )
+    p.add_argument(
+        "--model", required=True, help=f"config.json, model folder, or preset: {', '.join(PRESETS)}"
+    )
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--device", help=f"device kind: {', '.join(DEVICES)}")
+    where.add_argument("--memory-gb", type=_number(float, 0), help="memory size in GiB")
+    dtypes = list(DTYPE_BYTES)
+    p.add_argument("--weight-dtype", choices=dtypes, default="bfloat16")
+    p.add_argument("--kv-dtype", choices=dtypes, default=None, help="default: the weight dtype")
+    p.add_argument("--prompt-len", type=_number(int, 0), default=512, help="average prompt tokens")
+    p.add_argument("--output-len", type=_number(int, 0), default=256, help="average output tokens")
+    p.add_argument(
+        "--p99-len", type=_number(int, 0), default=4096, help="p99 of prompt + output tokens"
+    )
+    p.add_argument(
+        "--reserve-gb",
+        type=_number(float, 0, low_ok=True),
+        default=DEFAULT_RESERVE_BYTES / GiB,
+        help="CUDA context and activations, GiB (default %(default)s)",
+    )
+    p.add_argument(
+        "--headroom",
+        type=_number(float, 0, MAX_HEADROOM, low_ok=True),
+        default=DEFAULT_HEADROOM,
+        help="fraction of memory kept free (default %(default)s)",
+    )
+    p.add_argument(
+        "--kv-budget-gb",
+        type=_number(float, 0),
+        default=None,
+        help="use this KV pool size instead of deriving it (e.g. a worker's --kv-cache-memory)",
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=cmd_plan)
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from infra.plan.planner import load_shape, plan
+
+    try:
+        shape = load_shape(args.model)
+        device = get_device(args.device) if args.device else None
+        result = plan(
+            shape,
+            int(args.memory_gb * GiB) if args.memory_gb is not None else None,
+            device=device,
+            weight_dtype=args.weight_dtype,
+            kv_dtype=args.kv_dtype,
+            prompt_len=args.prompt_len,
+            output_len=args.output_len,
+            p99_len=args.p99_len,
+            reserve_bytes=int(args.reserve_gb * GiB),
+            headroom=args.headroom,
+            kv_budget_bytes=int(args.kv_budget_gb * GiB) if args.kv_budget_gb is not None else None,
+        )
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(result.to_dict()))
+    else:
+        print_plan(result)
+    return 0
+
+
+def _gib(n: int) -> str:
+    return f"{n / GiB:,.2f} GiB"
+
+
+def _rate(r: float | None) -> str:
+    return "n/a (give --device)" if r is None else f"{r:,.0f} tokens/s"
+
+
+def print_plan(p: Plan) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    where = p.device or "memory only"
+    t = Table(title=f"tide plan: {p.model} on {where}", show_header=False, title_justify="left")
+    t.add_column(style="bold")
+    t.add_column(justify="right")
+    t.add_column(style="dim")
+    rows: list[tuple[str, str, str]] = [
+        ("parameters", f"{p.num_parameters / 1e9:.2f} B", ""),
+        ("weights", _gib(p.weight_bytes), f"parameters x {p.weight_dtype} bytes"),
+        ("KV per token", f"{p.kv_bytes_per_token / 1024:,.0f} KiB", f"2 x layers x kv_heads x "
+         f"head_dim x {p.kv_dtype} bytes"),
+        ("memory", _gib(p.memory_bytes), f"usable {_gib(p.usable_bytes)} after "
+         f"{p.headroom:.0%} headroom"),
+        ("reserve", _gib(p.reserve_bytes), f"activations estimated at "
+         f"{_gib(p.activation_bytes_estimate)}"),
+        ("KV budget", _gib(p.kv_budget_bytes), f"{p.kv_budget_tokens:,} tokens"),
+        ("concurrent at avg", str(p.max_concurrent_seqs), f"{p.avg_len:,} tokens each"),
+        ("concurrent at p99", str(p.max_concurrent_seqs_p99), f"{p.p99_len:,} tokens each"),
+        ("max_num_seqs", str(p.recommended_max_num_seqs), "recommended"),
+        ("max_num_batched_tokens", str(p.recommended_max_num_batched_tokens),
+         f"max_num_seqs + {p.prefill_chunk_tokens} prefill tokens"),
+        ("decode, batch 1", _rate(p.decode_tokens_per_s_batch1),
+         f"roofline at {p.decode_context_len:,} tokens of context"),
+        (f"decode, batch {p.recommended_max_num_seqs}", _rate(p.decode_tokens_per_s),
+         f"{p.decode_bound}-bound" if p.decode_bound else ""),
+        ("work rate", _rate(p.work_tokens_per_s), "prompt + output tokens finished"),
+        ("bucket short_max", f"{p.bucket_short_max:,}", "TIDE_BUCKET_SHORT_MAX"),
+        ("bucket medium_max", f"{p.bucket_medium_max:,}", "TIDE_BUCKET_MEDIUM_MAX"),
+    ]  # fmt: skip
+    for row in rows:
+        t.add_row(*row)
+    console = Console()
+    console.print(t)
+    console.print(f"worker flags: {p.worker_flags()}", soft_wrap=True, highlight=False)
+    for w in p.warnings:
+        console.print(f"[yellow]note:[/yellow] {w}", soft_wrap=True, highlight=False)

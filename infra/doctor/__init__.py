@@ -1,0 +1,1 @@
+"""`tide doctor`: scrape, rules, diagnosis."""

@@ -1,0 +1,1 @@
+"""Fleet config, scaling policy, controller, actuators, reaper, the local fleet."""

@@ -1,0 +1,221 @@
+"""``tide controller``: scales each worker pool with its queue, down to zero.
+
+Every poll interval it reads the per-bucket backlog (infra/wire/backlog.py) and the workers'
+heartbeats, builds one observation per pool, asks the policy (infra/fleet/autoscale.py) for a
+decision, and hands it to an actuator (infra/fleet/actuators.py: local processes or an AWS Auto
+Scaling group). It never removes a busy worker: it asks the idlest to drain (a Redis key
+the worker checks with its heartbeat) and removes it once it has drained. It also hosts
+the lease reaper and the batch supervisor, logs every decision with its reason, and
+exports its view as metrics. Torch-free.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+import redis
+
+from infra.fleet import controller_metrics as m
+from infra.fleet.actuators import Actuator
+from infra.fleet.autoscale import (
+    Decision,
+    PoolObservation,
+    PoolState,
+    RateTracker,
+    WorkerView,
+    decide,
+)
+from infra.fleet.fleet_config import FleetConfig, PoolConfig
+from infra.settings import Settings
+from infra.wire.backlog import read_backlog
+from infra.wire.protocol import BUCKETS, Keys
+
+log = logging.getLogger("tide.controller")
+
+DEFAULT_TOKENS_PER_S = 2000.0  # a worker's service rate when nothing better is known
+
+
+def read_heartbeats(r: redis.Redis) -> dict[str, dict[str, str]]:
+    """worker id -> its heartbeat hash, for workers whose heartbeat has not expired."""
+    ids = [w.decode() for w in r.zrange(Keys.workers, 0, -1)]
+    pipe = r.pipeline(transaction=False)
+    for w in ids:
+        pipe.hgetall(Keys.worker(w))
+    out = {}
+    for w, raw in zip(ids, pipe.execute(), strict=True):
+        if raw:
+            out[w] = {k.decode(): v.decode() for k, v in raw.items()}
+    return out
+
+
+def estimated_rate(pool: PoolConfig) -> float:
+    """A worker's service rate before any measurement: the pool's setting, else the planner."""
+    if pool.tokens_per_s:
+        return pool.tokens_per_s
+    try:  # the planner is optional at run time; fall back to a constant
+        from infra.plan.planner import estimate_pool_tokens_per_s
+
+        return float(estimate_pool_tokens_per_s(pool))
+    except Exception:
+        return DEFAULT_TOKENS_PER_S
+
+
+class Controller:
+    def __init__(
+        self,
+        fleet: FleetConfig,
+        settings: Settings,
+        actuator: Actuator,
+        client: redis.Redis | None = None,
+        clock: Any = time.time,
+    ) -> None:
+        self.fleet = fleet
+        self.settings = settings
+        self.actuator = actuator
+        assert client is not None or settings.redis_url, "the controller needs REDIS_URL"
+        self.r = client or redis.Redis.from_url(settings.redis_url or "")
+        self.clock = clock
+        self.states = {name: PoolState() for name in fleet.pools}
+        self.rates = RateTracker(list(fleet.pools))
+        self.estimates = {name: estimated_rate(pool) for name, pool in fleet.pools.items()}
+        self.last_decisions: list[Decision] = []
+
+    # -- observing ---------------------------------------------------------------------
+
+    def observe(self) -> dict[str, PoolObservation]:
+        now = self.clock()
+        backlog = read_backlog(self.r, now)
+        beats = read_heartbeats(self.r)
+        arrivals = self.rates.bucket_rates(now, {b: backlog[b].arrived_tokens for b in BUCKETS})
+        for b, bl in backlog.items():
+            m.BACKLOG_TOKENS.labels(b).set(bl.tokens)
+            m.QUEUE_JOBS.labels(b).set(bl.jobs)
+            m.OLDEST_AGE.labels(b).set(bl.oldest_age_s)
+        out = {}
+        for name, pool in self.fleet.pools.items():
+            home = self.fleet.home_buckets(name)
+            jobs = sum(backlog[b].jobs for b in home)
+            tokens = sum(backlog[b].tokens for b in home)
+            oldest = max((backlog[b].oldest_age_s for b in home if backlog[b].jobs), default=0.0)
+            arrival = self.rates.update_arrival(name, now, sum(arrivals.get(b, 0.0) for b in home))
+            workers = self._worker_views(pool, beats)
+            served = {
+                w: (int(b.get("served_work_total", 0) or 0), int(b.get("held", 0) or 0) > 0)
+                for w, b in beats.items()
+                if b.get("pool") == name
+            }
+            learnt = self.rates.update_service(name, now, jobs > 0, served)
+            # A configured rate wins: a bench run on the pool's hardware beats a measurement
+            # from partly saturated workers; the learnt rate replaces only the generic guess.
+            rate = pool.tokens_per_s or learnt or self.estimates[name]
+            m.ARRIVAL_RATE.labels(name).set(arrival)
+            m.SERVICE_RATE.labels(name).set(rate)
+            out[name] = PoolObservation(now, jobs, tokens, oldest, arrival, rate, workers)
+        return out
+
+    def _worker_views(self, pool: PoolConfig, beats: dict[str, dict[str, str]]) -> list[WorkerView]:
+        views = []
+        for w in self.actuator.list_workers(pool):
+            beat = beats.get(w.worker_id)
+            state = w.state
+            if state != "draining" and beat is not None:
+                state = "draining" if beat.get("draining") == "1" else "ready"
+            running = int(beat.get("held", 0)) if beat else 0
+            idle = beat.get("idle_since") if beat else None
+            views.append(WorkerView(w.worker_id, state, running, float(idle) if idle else None))
+        by_state: dict[str, int] = {"starting": 0, "ready": 0, "draining": 0}
+        for v in views:
+            by_state[v.state] = by_state.get(v.state, 0) + 1
+        for st, n in by_state.items():
+            m.WORKERS.labels(pool.name, st).set(n)
+        return views
+
+    # -- deciding and acting -----------------------------------------------------------
+
+    def step(self) -> list[Decision]:
+        observations = self.observe()
+        decisions = []
+        for name, pool in self.fleet.pools.items():
+            obs = observations[name]
+            self.actuator.publish(pool, obs.backlog_jobs, len(obs.workers))
+            d = decide(pool, obs, self.states[name], self.fleet.controller)
+            try:
+                self._act(pool, d)
+            except Exception:  # one pool's cloud error must not stop the others
+                log.exception("pool %s: acting on %s failed; next poll retries", name, d.action)
+            m.DESIRED.labels(name).set(d.desired)
+            m.DECISIONS.labels(name, d.action).inc()
+            level = logging.INFO if d.action != "hold" else logging.DEBUG
+            log.log(
+                level, "pool %s: %s %d -> %d (%s)", name, d.action, d.current, d.desired, d.reason
+            )
+            decisions.append(d)
+        for pool in self.fleet.pools.values():
+            try:
+                for worker_id in self.actuator.remove_drained(pool):
+                    log.info("pool %s: removed drained worker %s", pool.name, worker_id)
+                    self._forget(worker_id)
+            except Exception:
+                log.exception("pool %s: removing drained workers failed", pool.name)
+        self.last_decisions = decisions
+        self.r.hset(Keys.controller, mapping={"last_decision_at": self.clock()})
+        return decisions
+
+    def _forget(self, worker_id: str) -> None:
+        """A removed worker leaves no trace: its registration, heartbeat and drain flag
+        (one killed with -9 could not delete them itself)."""
+        pipe = self.r.pipeline(transaction=False)
+        pipe.zrem(Keys.workers, worker_id)
+        pipe.delete(Keys.worker(worker_id), Keys.drain(worker_id))
+        pipe.execute()
+
+    def _act(self, pool: PoolConfig, d: Decision) -> None:
+        if d.action == "scale_out":
+            self.actuator.launch(pool, d.desired - d.current)
+        for worker_id in d.drain:
+            self.r.set(Keys.drain(worker_id), "1", ex=int(pool.drain_timeout_s) + 3600)
+            self.actuator.drain(pool, worker_id)
+
+    def run(
+        self,
+        stop: threading.Event,
+        metrics_port: int | None = None,
+        metrics_host: str = "127.0.0.1",
+        close: bool = True,
+    ) -> None:
+        """The loop: reaper thread, metrics endpoint, a decision every poll interval. With
+        close, the actuator is closed (its workers drained) when the loop stops."""
+        from infra.fleet.reaper import run_reaper
+
+        reaper = threading.Thread(target=run_reaper, args=(self.settings, stop), daemon=True)
+        reaper.start()
+        if metrics_port is not None:
+            url = start_metrics_server(metrics_port, metrics_host)
+            self.r.hset(Keys.controller, mapping={"metrics_url": url})
+            log.info("controller metrics at %s", url)
+        interval = self.fleet.controller.poll_interval_s
+        while not stop.is_set():
+            try:
+                self.step()
+            except redis.RedisError as e:
+                log.warning("controller: Redis unavailable (%s); retrying", e)
+            except Exception:  # one bad pass must not stop scaling
+                log.exception("controller: decision pass failed; retrying")
+            stop.wait(interval)
+        if close:
+            self.actuator.close()
+
+
+def start_metrics_server(port: int, host: str = "127.0.0.1") -> str:
+    import socket
+
+    from prometheus_client import start_http_server
+
+    server, _thread = start_http_server(port, addr=host, registry=m.registry)
+    bound_host, bound = server.server_address[:2]
+    if bound_host in ("0.0.0.0", "::"):  # advertise an address others can reach
+        bound_host = socket.gethostbyname(socket.gethostname())
+    return f"http://{bound_host}:{bound}/metrics"

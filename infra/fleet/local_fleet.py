@@ -1,0 +1,182 @@
+"""``tide up``: the embedded fleet as supervised child processes, stopped cleanly on Ctrl-C."""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+
+from infra.fleet.actuators import LocalActuator
+from infra.fleet.controller import Controller
+from infra.fleet.fleet_config import FleetConfig, load_fleet, local_default_fleet
+from infra.fleet.redis_server import EmbeddedRedis
+from infra.fleet.supervisor import Supervisor, ThreadProc, orphan_safe
+from infra.settings import REDIS_URL_FILE, Settings, get_settings
+
+
+class LocalFleet:
+    """Redis (embedded unless REDIS_URL is set), gateway, Celery and the controller, each
+    supervised (infra/fleet/supervisor.py): restarted with back-off when it dies; `tide up`
+    exits non-zero when it gives up. SIGINT or SIGTERM stops the whole tree."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.redis: EmbeddedRedis | None = None
+        self.stop = threading.Event()
+        self.supervisor = Supervisor()
+
+    @staticmethod
+    def _spawner(argv: list[str], env: dict[str, str]) -> Callable[[], subprocess.Popen[bytes]]:
+        return lambda: subprocess.Popen(orphan_safe(argv), env=env)
+
+    def run(self) -> int:
+        from worker.models.dummy import resolve_model_path  # torch: only in this parent
+
+        a = self.args
+        env = dict(os.environ)
+        if a.model:
+            env["TIDE_MODEL"] = a.model
+        if a.data_dir:
+            env["TIDE_DATA_DIR"] = a.data_dir
+        settings = Settings(**({"model": a.model} if a.model else {}))
+        model = settings.model
+        resolve_model_path(model)  # materialise a dummy model once, before the children start
+        signal.signal(signal.SIGTERM, lambda *_: self.stop.set())
+        sup = self.supervisor
+        try:
+            if not settings.redis_url:
+                data = Path(a.data_dir or settings.data_dir) / "redis"
+                self.redis = EmbeddedRedis(data)
+                embedded = self.redis
+                sup.add("redis", lambda: embedded.start().proc)
+                env["REDIS_URL"] = self.redis.url
+                # So tools run from this folder (tide doctor) find the fleet without flags.
+                (Path(a.data_dir or settings.data_dir) / REDIS_URL_FILE).write_text(self.redis.url)
+                settings = Settings(redis_url=self.redis.url, model=model)
+            # The reaper and batch supervisor run in this process and read the same settings.
+            os.environ.update({k: env[k] for k in ("REDIS_URL", "TIDE_MODEL") if k in env})
+            get_settings.cache_clear()
+            if "infra.jobs.celery_app" in sys.modules:  # imported before REDIS_URL was known
+                sys.modules["infra.jobs.celery_app"].celery_app.conf.broker_url = settings.redis_url
+            py = sys.executable
+            gateway = [py, "-m", "uvicorn", "gateway.app:app", "--host", a.host,
+                       "--port", str(a.port), "--log-level", "warning"]  # fmt: skip
+            sup.add("gateway", self._spawner(gateway, env))
+            sup.add("webhooks", self._spawner(celery_argv(), env))
+            # The controller (it hosts the reaper and batch supervisor) scales the workers.
+            fleet = self._fleet_config()
+            self.actuator = LocalActuator(fleet, env=env, worker_argv=engine_argv(a))
+            self.controller = Controller(fleet, settings, self.actuator)
+            # Metrics on a free port, advertised in Redis for tide doctor.
+            run_controller = functools.partial(self.controller.run, self.stop, 0, close=False)
+            sup.add("controller", lambda: ThreadProc(run_controller, "controller"))
+            url = f"http://{a.host}:{a.port}"
+            try:
+                wait_ready(url, stop=self.stop, alive=sup.check)
+            except RuntimeError as e:
+                print(f"tide up: {e}", flush=True)
+                return 1
+            self._banner(url, settings, model)
+            while not self.stop.is_set():
+                if not sup.check():
+                    return 1
+                self.stop.wait(0.5)
+        except KeyboardInterrupt:
+            pass
+        finally:
+            self.shutdown()
+        return 1 if sup.gave_up else 0
+
+    def _fleet_config(self) -> FleetConfig:
+        a = self.args
+        try:
+            if a.fleet:
+                return load_fleet(a.fleet)
+            if a.min_workers is None and a.max_workers is None:
+                return local_default_fleet(a.workers)
+            low = a.min_workers if a.min_workers is not None else 0
+            high = a.max_workers if a.max_workers is not None else max(a.workers, 1)
+            if high < 1:
+                raise ValueError(f"--max-workers must be at least 1, got {high}")
+            return local_default_fleet(low, high)
+        except ValueError as e:  # names the field and the limit
+            raise SystemExit(f"tide up: {e}") from None
+
+    def _banner(self, url: str, settings: Settings, model: str) -> None:
+        pools = ", ".join(
+            f"{p.name} {p.min_workers}-{p.max_workers} on {'/'.join(p.buckets)}"
+            for p in self.controller.fleet.pools.values()
+        )
+        lines = [
+            f"Tide is up on {model}: worker pools {pools} (scaled by the controller)",
+            f"  gateway  {url}   (API docs: {url}/docs, metrics: {url}/metrics)",
+            f"  redis    {settings.redis_url}" + ("   (embedded, AOF)" if self.redis else ""),
+            f'  try      tide submit "Once upon a time" --wait --url {url}',
+        ]
+        if model.startswith("dummy:"):
+            lines.append(f"  note     {model} has random weights: its text is meaningless")
+        lines.append("Ctrl-C stops everything.")
+        print("\n".join(lines), flush=True)
+
+    def shutdown(self) -> None:
+        self.stop.set()
+        if getattr(self, "actuator", None) is not None:
+            self.actuator.close()  # workers drain first, into the Redis still running
+        self.supervisor.stop(["gateway", "webhooks"])
+        if self.redis is not None:
+            self.redis.stop()
+            url_file = Path(self.args.data_dir or get_settings().data_dir) / REDIS_URL_FILE
+            url_file.unlink(missing_ok=True)
+
+
+def celery_argv() -> list[str]:
+    """The Celery worker for webhooks and batch tasks (its pool and concurrency are in
+    infra/jobs/celery_app.py)."""
+    return [sys.executable, "-m", "celery", "-A", "infra.jobs.celery_app:celery_app", "worker",
+            "-Q", "tide.webhooks,tide.batches", "--loglevel=WARNING", "--without-heartbeat",
+            "--without-gossip", "--without-mingle"]  # fmt: skip
+
+
+def engine_argv(a: argparse.Namespace) -> list[str]:
+    """The engine flags of `tide up`/`tide controller`, passed on to each `tide worker`."""
+    argv = ["--device", a.device, "--max-num-seqs", str(a.max_num_seqs)]
+    argv += ["--max-num-batched-tokens", str(a.max_num_batched_tokens)]
+    argv += ["--attention-backend", a.attention_backend]
+    argv += ["--batching", getattr(a, "batching", "continuous")]
+    if getattr(a, "no_prefix_caching", False):
+        argv.append("--no-prefix-caching")
+    if a.dtype:
+        argv += ["--dtype", a.dtype]
+    if a.kv_cache_memory:
+        argv += ["--kv-cache-memory", str(a.kv_cache_memory)]
+    return argv
+
+
+def wait_ready(
+    url: str,
+    timeout: float = 120.0,
+    stop: threading.Event | None = None,
+    alive: Callable[[], bool] | None = None,
+) -> None:
+    """Block until the gateway at url answers /readyz with 200 (Redis and tokenizer ready).
+    `alive` is asked on every try (the supervisor restarting what died); False ends it."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and not (stop and stop.is_set()):
+        if alive is not None and not alive():
+            raise RuntimeError("gave up starting the fleet")
+        try:
+            if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"the gateway at {url} did not become ready")

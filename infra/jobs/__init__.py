@@ -1,0 +1,1 @@
+"""Request schemas, public shapes, submission, files, storage, Celery and webhooks."""

@@ -1,0 +1,96 @@
+"""File records (OpenAI Files API shape) in Redis; their bytes in ``infra.jobs.storage``."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import redis
+
+from infra.jobs.storage import Storage
+from infra.wire.protocol import Keys
+
+
+class FileTooLarge(ValueError):
+    pass
+
+
+def new_file_id() -> str:
+    return "file-" + uuid.uuid4().hex
+
+
+def limited(chunks: Iterable[bytes], max_bytes: int, max_lines: int) -> Iterator[bytes]:
+    """Pass chunks through, raising FileTooLarge as soon as a limit is crossed."""
+    size = lines = 0
+    for chunk in chunks:
+        size += len(chunk)
+        lines += chunk.count(b"\n")
+        if size > max_bytes:
+            raise FileTooLarge(f"file: larger than the limit of {max_bytes} bytes")
+        if lines > max_lines:
+            raise FileTooLarge(f"file: more than the limit of {max_lines} lines")
+        yield chunk
+
+
+class FileStore:
+    def __init__(self, client: redis.Redis, storage: Storage) -> None:
+        self.r, self.storage = client, storage
+
+    def create(
+        self,
+        tenant: str,
+        filename: str,
+        purpose: str,
+        chunks: Iterable[bytes],
+        file_id: str | None = None,
+    ) -> dict[str, Any]:
+        """Store the bytes first, then the record: a record always has its content."""
+        file_id = file_id or new_file_id()
+        key = f"{tenant}/{file_id}"
+        size = self.storage.write(key, chunks)
+        record = {
+            "id": file_id,
+            "tenant": tenant,
+            "filename": filename,
+            "purpose": purpose,
+            "bytes": size,
+            "created_at": int(time.time()),
+            "storage_key": key,
+        }
+        pipe = self.r.pipeline()
+        pipe.hset(Keys.file(file_id), mapping=record)
+        pipe.zadd(Keys.tenant_files(tenant), {file_id: record["created_at"]})
+        pipe.execute()
+        return record
+
+    def get(self, file_id: str, tenant: str | None = None) -> dict[str, str] | None:
+        raw = self.r.hgetall(Keys.file(file_id))
+        record = {k.decode(): v.decode() for k, v in raw.items()}
+        if not record or (tenant is not None and record.get("tenant") != tenant):
+            return None
+        return record
+
+    def list(self, tenant: str, limit: int = 100) -> list[dict[str, str]]:
+        ids = self.r.zrevrange(Keys.tenant_files(tenant), 0, limit - 1)
+        return [f for f in (self.get(i.decode(), tenant) for i in ids) if f]
+
+    def delete(self, record: dict[str, str]) -> None:
+        self.storage.delete(record["storage_key"])
+        pipe = self.r.pipeline()
+        pipe.delete(Keys.file(record["id"]))
+        pipe.zrem(Keys.tenant_files(record["tenant"]), record["id"])
+        pipe.execute()
+
+
+def public_file(record: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "id": record["id"],
+        "object": "file",
+        "bytes": int(record["bytes"]),
+        "created_at": int(record["created_at"]),
+        "filename": record["filename"],
+        "purpose": record["purpose"],
+        "status": "processed",
+    }

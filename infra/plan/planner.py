@@ -1,0 +1,324 @@
+"""Memory and batch planner: how a model fits a device, and what to set the engine to.
+
+Torch-free and pure. ``tide plan`` (infra/cli/plan.py) prints a Plan; the fleet simulator and
+the controller call estimate_decode_tokens_per_s() as a worker's service rate before any
+measurement exists. Every rule is written out in docs/plan.md.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from infra.plan.devices import DeviceSpec, GiB, get_device
+from infra.plan.model_shape import (
+    PRESETS,
+    ModelShape,
+    ShapeError,
+    dtype_bytes,
+    kv_bytes,
+    load_shape,
+)
+
+__all__ = [
+    "PRESETS",
+    "ModelShape",
+    "Plan",
+    "PlanError",
+    "ShapeError",
+    "estimate_decode_tokens_per_s",
+    "estimate_pool_tokens_per_s",
+    "kv_bytes",
+    "load_shape",
+    "plan",
+]
+DEFAULT_HEADROOM = 0.2  # the seed's advice: keep a fifth of device memory free
+DEFAULT_RESERVE_BYTES = 3 * GiB // 2  # CUDA context and activations: the seed's 1-2 GB
+MAX_HEADROOM = 0.9
+MAX_NUM_SEQS_CAP = 256  # past this, per-step latency grows for little extra throughput
+SHORT_MIN_CONCURRENT = 16  # short bucket: this many maximal short requests fit at once
+MEDIUM_MIN_CONCURRENT = 4  # medium bucket: this many; a long request then still fits
+CHUNK_MIN, CHUNK_MAX, CHUNK_NO_DEVICE = 512, 8192, 2048  # prefill tokens per step
+
+
+class PlanError(ValueError):
+    """Input the planner cannot use, or a model that does not fit; the message says which."""
+
+
+def peak_flops(device: DeviceSpec, weight_dtype: str) -> float:
+    # 8-bit weights are taken to compute at the 16-bit rate (weight-only quantisation).
+    return device.peak_flops_fp32 if weight_dtype == "float32" else device.peak_flops_16bit
+
+
+def decode_step_seconds(
+    shape: ModelShape,
+    device: DeviceSpec,
+    batch: int,
+    context_len: int,
+    weight_dtype: str,
+    kv_dtype: str,
+) -> tuple[float, float]:
+    """(memory time, compute time) of one decode step of `batch` sequences."""
+    read = shape.streamed_parameters() * dtype_bytes(weight_dtype)
+    read += kv_bytes(shape, context_len, batch, kv_dtype)
+    flops = batch * shape.flops_per_token(context_len)
+    return read / device.mem_bandwidth, flops / peak_flops(device, weight_dtype)
+
+
+def estimate_decode_tokens_per_s(
+    shape: ModelShape,
+    device: DeviceSpec,
+    batch: int,
+    context_len: int,
+    weight_dtype: str = "bfloat16",
+    kv_dtype: str | None = None,
+    efficiency: float = 1.0,
+) -> float:
+    """Roofline decode rate: each step reads the weights once plus every sequence's KV, and
+    cannot beat the compute peak. `efficiency` scales it to what real kernels reach."""
+    if batch < 1 or context_len < 1:
+        raise PlanError(f"batch and context_len must be positive, got {batch}, {context_len}")
+    if not 0 < efficiency <= 1:
+        raise PlanError(f"efficiency must be in (0, 1], got {efficiency}")
+    mem_s, compute_s = decode_step_seconds(
+        shape, device, batch, context_len, weight_dtype, kv_dtype or weight_dtype
+    )
+    return efficiency * batch / max(mem_s, compute_s)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What fits where, and the engine settings and bucket thresholds that follow from it."""
+
+    model: str
+    device: str | None
+    weight_dtype: str
+    kv_dtype: str
+    num_parameters: int
+    weight_bytes: int
+    kv_bytes_per_token: int
+    memory_bytes: int
+    headroom: float
+    reserve_bytes: int
+    usable_bytes: int  # memory less headroom
+    kv_budget_bytes: int
+    kv_budget_tokens: int
+    prompt_len: int
+    output_len: int
+    avg_len: int  # prompt_len + output_len
+    p99_len: int
+    max_concurrent_seqs: int  # at avg_len
+    max_concurrent_seqs_p99: int
+    recommended_max_num_seqs: int
+    recommended_max_num_batched_tokens: int
+    prefill_chunk_tokens: int
+    activation_bytes_estimate: int
+    decode_context_len: int  # mean context while decoding: prompt + half the output
+    decode_tokens_per_s_batch1: float | None  # None without a device
+    decode_tokens_per_s: float | None  # at recommended_max_num_seqs
+    decode_bound: str | None  # "memory" or "compute", at the recommended batch
+    work_tokens_per_s: float | None  # prompt + output tokens finished per second (roofline)
+    bucket_short_max: int
+    bucket_medium_max: int
+    max_model_len: int
+    warnings: tuple[str, ...] = ()
+
+    def worker_flags(self) -> str:
+        return (
+            f"--max-num-seqs {self.recommended_max_num_seqs} "
+            f"--max-num-batched-tokens {self.recommended_max_num_batched_tokens} "
+            f"--kv-cache-memory {self.kv_budget_bytes}"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["warnings"] = list(self.warnings)
+        d["worker_flags"] = self.worker_flags()
+        d["settings"] = {
+            "TIDE_BUCKET_SHORT_MAX": self.bucket_short_max,
+            "TIDE_BUCKET_MEDIUM_MAX": self.bucket_medium_max,
+        }
+        return d
+
+
+def _pow2_floor(n: int) -> int:
+    return 1 << (max(n, 1).bit_length() - 1)
+
+
+def _pow2_ceil(n: int) -> int:
+    return 1 << (max(n, 1) - 1).bit_length()
+
+
+def _check_inputs(
+    lengths: dict[str, int],
+    headroom: float,
+    reserve_bytes: int,
+    memory_bytes: int | None,
+    kv_budget_bytes: int | None,
+) -> None:
+    for name, v in lengths.items():
+        if v < 1:
+            raise PlanError(f"{name} must be a positive number of tokens, got {v}")
+    if not 0.0 <= headroom <= MAX_HEADROOM:
+        raise PlanError(f"headroom must be in [0, {MAX_HEADROOM}], got {headroom}")
+    if reserve_bytes < 0:
+        raise PlanError(f"reserve must be >= 0 bytes, got {reserve_bytes}")
+    if memory_bytes is not None and memory_bytes <= 0:
+        raise PlanError(f"memory must be positive, got {memory_bytes} bytes")
+    if kv_budget_bytes is not None and kv_budget_bytes <= 0:
+        raise PlanError(f"kv budget must be positive, got {kv_budget_bytes} bytes")
+
+
+def _saturation_batch(shape: ModelShape, device: DeviceSpec, ctx: int, wd: str, kd: str) -> int:
+    """Smallest batch whose decode step is compute bound (a huge number if none is)."""
+    mem_1, compute_1 = decode_step_seconds(shape, device, 1, ctx, wd, kd)
+    kv_s = kv_bytes(shape, ctx, 1, kd) / device.mem_bandwidth
+    weights_s = mem_1 - kv_s
+    per_seq_gain = compute_1 - kv_s  # each sequence adds compute_1 and kv_s
+    return math.ceil(weights_s / per_seq_gain) if per_seq_gain > 0 else 1 << 30
+
+
+def plan(
+    shape: ModelShape,
+    memory_bytes: int | None = None,
+    *,
+    device: DeviceSpec | None = None,
+    weight_dtype: str = "bfloat16",
+    kv_dtype: str | None = None,
+    prompt_len: int = 512,
+    output_len: int = 256,
+    p99_len: int = 4096,
+    reserve_bytes: int = DEFAULT_RESERVE_BYTES,
+    headroom: float = DEFAULT_HEADROOM,
+    kv_budget_bytes: int | None = None,
+) -> Plan:
+    """Plan `shape` on `memory_bytes` (default: the device's memory). `kv_budget_bytes`, when
+    given, replaces the derived budget (usable - weights - reserve), e.g. a worker's pool."""
+    kv_dtype = kv_dtype or weight_dtype
+    wbytes = dtype_bytes(weight_dtype)
+    dtype_bytes(kv_dtype)  # validates the name
+    lengths = {"prompt_len": prompt_len, "output_len": output_len, "p99_len": p99_len}
+    _check_inputs(lengths, headroom, reserve_bytes, memory_bytes, kv_budget_bytes)
+    if memory_bytes is None:
+        if device is None:
+            raise PlanError("give a device or a memory size")
+        memory_bytes = device.memory_bytes
+    usable = int(memory_bytes * (1.0 - headroom))
+    weights = shape.num_parameters() * wbytes
+    if weights + reserve_bytes >= usable:
+        raise PlanError(
+            f"weights do not fit: {weights / GiB:.2f} GiB of {weight_dtype} weights + "
+            f"{reserve_bytes / GiB:.2f} GiB reserve need more than the {usable / GiB:.2f} GiB "
+            f"usable ({memory_bytes / GiB:.2f} GiB less {headroom:.0%} headroom)"
+        )
+    warnings: list[str] = []
+    derived = usable - weights - reserve_bytes
+    budget = kv_budget_bytes if kv_budget_bytes is not None else derived
+    if budget > derived:
+        warnings.append(
+            f"the given KV budget ({budget / GiB:.2f} GiB) exceeds what the memory leaves "
+            f"after weights, reserve and headroom ({derived / GiB:.2f} GiB)"
+        )
+    kvpt = shape.kv_bytes_per_token(kv_dtype)
+    tokens = budget // kvpt
+    avg_len = prompt_len + output_len
+    concurrent = budget // (kvpt * avg_len)
+    if concurrent < 1:
+        raise PlanError(
+            f"the KV budget ({budget / GiB:.2f} GiB = {tokens} tokens) holds less than one "
+            f"average request ({avg_len} tokens)"
+        )
+    concurrent_p99 = budget // (kvpt * p99_len)
+    ctx = prompt_len + output_len // 2
+    seqs = min(concurrent, MAX_NUM_SEQS_CAP)
+    chunk = CHUNK_NO_DEVICE
+    rate_1 = rate = work = None
+    bound = None
+    if device is not None:
+        seqs = min(seqs, _saturation_batch(shape, device, ctx, weight_dtype, kv_dtype))
+        # A step of `ridge` tokens takes as long to compute as to read the weights; at 4x
+        # that, the weight read costs at most a fifth of the step even without overlap.
+        ridge = peak_flops(device, weight_dtype) * wbytes / (2 * device.mem_bandwidth)
+        chunk = min(max(_pow2_ceil(math.ceil(4 * ridge)), CHUNK_MIN), CHUNK_MAX)
+        rate_1 = estimate_decode_tokens_per_s(shape, device, 1, ctx, weight_dtype, kv_dtype)
+        rate = estimate_decode_tokens_per_s(shape, device, seqs, ctx, weight_dtype, kv_dtype)
+        mem_s, compute_s = decode_step_seconds(shape, device, seqs, ctx, weight_dtype, kv_dtype)
+        bound = "compute" if compute_s > mem_s else "memory"
+        # Prefill and decode share the device: a request costs its output at the batch's
+        # decode rate plus its prompt at the compute peak.
+        prefill_rate = peak_flops(device, weight_dtype) / shape.flops_per_token(prompt_len // 2)
+        work = avg_len / (output_len / rate + prompt_len / prefill_rate)
+    batched = seqs + chunk
+    q, kv = shape.num_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim
+    act_bytes = 4 if weight_dtype == "float32" else 2
+    per_token = 4 * shape.hidden_size + q + 2 * kv + 3 * shape.intermediate_size
+    activations = batched * per_token * act_bytes + seqs * shape.vocab_size * 4  # fp32 logits
+    short_max = _pow2_floor(max(tokens // SHORT_MIN_CONCURRENT, 16))
+    medium_max = max(_pow2_floor(tokens // MEDIUM_MIN_CONCURRENT), 2 * short_max)
+    max_len = shape.max_position_embeddings
+    if p99_len < avg_len:
+        warnings.append(f"p99_len ({p99_len}) is below the average length ({avg_len})")
+    if concurrent_p99 < 1:
+        warnings.append(
+            f"a p99 request ({p99_len} tokens) does not fit even alone "
+            f"(the KV budget holds {tokens} tokens)"
+        )
+    if p99_len > max_len:
+        warnings.append(f"p99_len ({p99_len}) exceeds the model's context ({max_len})")
+    if medium_max >= max_len:
+        which = "short" if short_max >= max_len else "short or medium"
+        warnings.append(
+            f"every request this model accepts ({max_len} tokens of context) is {which} "
+            "on this device: it needs no long pool"
+        )
+    if activations > reserve_bytes:
+        warnings.append(
+            f"estimated activations ({activations / GiB:.2f} GiB) exceed the "
+            f"reserve ({reserve_bytes / GiB:.2f} GiB)"
+        )
+    return Plan(
+        model=shape.name,
+        device=device.name if device else None,
+        weight_dtype=weight_dtype,
+        kv_dtype=kv_dtype,
+        num_parameters=shape.num_parameters(),
+        weight_bytes=weights,
+        kv_bytes_per_token=kvpt,
+        memory_bytes=memory_bytes,
+        headroom=headroom,
+        reserve_bytes=reserve_bytes,
+        usable_bytes=usable,
+        kv_budget_bytes=budget,
+        kv_budget_tokens=tokens,
+        prompt_len=prompt_len,
+        output_len=output_len,
+        avg_len=avg_len,
+        p99_len=p99_len,
+        max_concurrent_seqs=concurrent,
+        max_concurrent_seqs_p99=concurrent_p99,
+        recommended_max_num_seqs=seqs,
+        recommended_max_num_batched_tokens=batched,
+        prefill_chunk_tokens=chunk,
+        activation_bytes_estimate=activations,
+        decode_context_len=ctx,
+        decode_tokens_per_s_batch1=rate_1,
+        decode_tokens_per_s=rate,
+        decode_bound=bound,
+        work_tokens_per_s=work,
+        bucket_short_max=short_max,
+        bucket_medium_max=medium_max,
+        max_model_len=max_len,
+        warnings=tuple(warnings),
+    )
+
+
+def estimate_pool_tokens_per_s(pool: Any, efficiency: float = 0.6) -> float:
+    """A pool worker's service rate in work tokens/s (what the controller divides backlog by)
+    from its `device` and `model` (a preset, config.json or model folder), at the default
+    lengths. Real kernels reach 60-90% of the roofline; the default takes the low end."""
+    if not pool.model:
+        raise PlanError("the pool names no model to plan")
+    p = plan(load_shape(pool.model), device=get_device(pool.device))
+    assert p.work_tokens_per_s is not None  # a device was given
+    return efficiency * p.work_tokens_per_s

@@ -1,0 +1,1 @@
+"""The fleet simulator: traces, the service model, the event loop, policies."""

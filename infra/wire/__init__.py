@@ -1,0 +1,1 @@
+"""The wire: job schema, queues, Redis keys, the job store and its scripts, backlog. Torch-free."""

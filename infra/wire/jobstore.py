@@ -1,0 +1,274 @@
+"""The job record in Redis: the source of truth. Every state change is one Lua script.
+
+A job is completed only by the holder of its current lease; a late completion from a
+stale holder is dropped. An attempt is charged only when computation starts
+(``mark_started``), so a worker killed while merely holding jobs costs them nothing.
+Queue messages (kombu's Redis format, see ``infra.wire.queues``) are pushed in the same
+script as the record changes, so accepted work is never half-written. The scripts
+themselves are in ``infra.wire.job_scripts``.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from infra.wire import job_scripts as lua
+from infra.wire.protocol import BUCKETS, JobStatus, Keys, Priority, queue_name
+
+_CREATE = lua.CREATE  # gateway/deps.py registers it on its async client
+
+# A job lost this many times max_attempts before it ever started fails: a poison job can
+# kill its worker before the start mark is written.
+UNSTARTED_LOSS_FACTOR = 3
+
+
+@dataclass
+class NewJob:
+    """Everything the create script needs; built by the gateway, written in one call."""
+
+    fields: dict[str, Any]
+    queue: str
+    message: str
+    idempotency_key: str | None
+    max_active: int
+    max_queue_length: int
+    max_rate: int
+    ttl_seconds: int
+
+    def script_call(self) -> tuple[list[str], list[Any]]:
+        job_id, tenant = self.fields["id"], self.fields["tenant"]
+        flat: list[Any] = []
+        for k, v in {**self.fields, "queue": self.queue, "message": self.message}.items():
+            flat += [k, _encode(v)]
+        keys = [
+            Keys.job(job_id),
+            Keys.idempotency(tenant, self.idempotency_key or "-"),
+            Keys.tenant_active(tenant),
+            self.queue,
+            Keys.tenant_rate(tenant, int(time.time())),
+            Keys.wakeup,
+        ]
+        args = [
+            self.idempotency_key or "", job_id, self.max_rate, self.ttl_seconds,
+            self.max_active, self.max_queue_length, self.message, *flat,
+        ]  # fmt: skip
+        return keys, args
+
+    def result(self, raw: list[Any]) -> dict[str, str]:
+        """{id, status, bucket, created_at} of the new (or idempotently found) job."""
+        out = [v.decode() if isinstance(v, bytes) else v for v in raw]
+        if out[0] in ("rate", "tenant_full", "queue_full"):
+            raise LimitExceeded(out[0])
+        if out[0] == "exists":
+            return {"id": out[1], "status": out[2], "bucket": out[3], "created_at": out[4]}
+        f = self.fields
+        return {
+            "id": f["id"],
+            "status": f["status"],
+            "bucket": f["bucket"],
+            "created_at": repr(f["created_at"]),
+        }
+
+
+KOMBU_UNACKED, KOMBU_UNACKED_INDEX = "unacked", "unacked_index"  # kombu's Redis defaults
+
+
+class LimitExceeded(Exception):
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def new_job_id() -> str:
+    return "job_" + uuid.uuid4().hex
+
+
+class JobStore:
+    def __init__(self, client: redis.Redis) -> None:
+        self.r = client
+        self.create_script = client.register_script(lua.CREATE)
+        self._acquire = client.register_script(lua.ACQUIRE)
+        self._mark_started = client.register_script(lua.MARK_STARTED)
+        self._refresh = client.register_script(lua.REFRESH)
+        self._update = client.register_script(lua.UPDATE_IF_HOLDER)
+        self._finish = client.register_script(lua.FINISH)
+        self._requeue = client.register_script(lua.REQUEUE)
+        self._cancel = client.register_script(lua.CANCEL)
+        self._reap = client.register_script(lua.REAP)
+        self._restore = client.register_script(lua.RESTORE_STRANDED)
+
+    def create(self, job: NewJob) -> dict[str, str]:
+        keys, args = job.script_call()
+        return job.result(self.create_script(keys=keys, args=args))
+
+    def get(self, job_id: str) -> dict[str, str] | None:
+        raw = self.r.hgetall(Keys.job(job_id))
+        if not raw:
+            return None
+        return {k.decode(): v.decode() for k, v in raw.items()}
+
+    def acquire(
+        self, job_id: str, worker_id: str, lease_seconds: float
+    ) -> tuple[str, str, dict[str, str]]:
+        """Take a queued job in one round trip: ('acquired', lease token, its record),
+        or (its status, '', {}) when it is not queued (cancelled, a duplicate message).
+        Holding a job charges no attempt; ``mark_started`` does."""
+        token = uuid.uuid4().hex
+        now = time.time()
+        res = [
+            v.decode() if isinstance(v, bytes) else v
+            for v in self._acquire(
+                keys=[Keys.job(job_id), Keys.leases],
+                args=[worker_id, token, now, now + lease_seconds, job_id],
+            )
+        ]
+        if res[0] != "acquired":
+            return res[0], "", {}
+        return "acquired", token, dict(zip(res[1::2], res[2::2], strict=True))
+
+    def mark_started(self, job_id: str, token: str, client: Any = None) -> Any:
+        """Computation of the job began under this lease (the engine scheduled it): charge
+        its attempt, once per lease however often it is called. True if the token still
+        holds the lease; with client=a pipeline, queued there (1 or 0 from execute())."""
+        keys, args = [Keys.job(job_id)], [token]
+        if client is not None:
+            return self._mark_started(keys=keys, args=args, client=client)
+        return bool(self._mark_started(keys=keys, args=args))
+
+    def refresh(self, leases: dict[str, str], lease_seconds: float) -> dict[str, str]:
+        """Extend many leases in one round trip: job id -> '0', '1' (cancel asked) or 'lost'."""
+        pipe = self.r.pipeline(transaction=False)
+        expiry = time.time() + lease_seconds
+        for job_id, token in leases.items():
+            self._refresh(
+                keys=[Keys.job(job_id), Keys.leases], args=[token, expiry, job_id], client=pipe
+            )
+        out = pipe.execute()
+        return {
+            j: (v.decode() if isinstance(v, bytes) else str(v))
+            for j, v in zip(leases, out, strict=True)
+        }
+
+    def update(self, job_id: str, token: str, client: Any = None, **fields: Any) -> Any:
+        """Set fields if token still holds the lease (True if it did); with client=a
+        pipeline, queued there."""
+        args = [token]
+        for k, v in fields.items():
+            args += [k, _encode(v)]
+        if client is not None:
+            return self._update(keys=[Keys.job(job_id)], args=args, client=client)
+        return bool(self._update(keys=[Keys.job(job_id)], args=args))
+
+    def finish(
+        self,
+        job_id: str,
+        token: str,
+        tenant: str,
+        status: JobStatus,
+        events_ttl: int = 0,
+        client: Any = None,
+        **fields: Any,
+    ) -> Any:
+        """Terminal state, only from the current lease holder (True if it was). With
+        events_ttl, also the job's 'done' event. With client=a pipeline, the call is queued
+        there and its result (1 or 0) comes from the pipeline's execute()."""
+        args: list[Any] = [token, job_id, events_ttl, "status", status.value]
+        for k, v in fields.items():
+            args += [k, _encode(v)]
+        keys = [Keys.job(job_id), Keys.leases, Keys.tenant_active(tenant), Keys.events(job_id)]
+        if client is not None:
+            return self._finish(keys=keys, args=args, client=client)
+        return bool(self._finish(keys=keys, args=args))
+
+    def requeue(self, job_id: str, token: str) -> bool:
+        """Hand a held job back to its queue (drain): it keeps its place near the front,
+        and an attempt charged under this lease is given back."""
+        return bool(self._requeue(keys=[Keys.job(job_id), Keys.leases], args=[token, job_id]))
+
+    def cancel(self, job_id: str, tenant: str) -> str:
+        res = self._cancel(
+            keys=[Keys.job(job_id), Keys.tenant_active(tenant)], args=[time.time(), job_id]
+        )
+        return res.decode() if isinstance(res, bytes) else res
+
+    def reap(
+        self,
+        max_attempts: int,
+        now: float | None = None,
+        events_ttl: int = 0,
+        max_unstarted_losses: int | None = None,
+    ) -> dict[str, str]:
+        """Re-queue in-progress jobs whose lease expired: job id -> 'requeued', 'failed',
+        'cancelled' (cancel was asked), 'alive' or 'stale'. A job fails after max_attempts
+        losses while it ran, or after max_unstarted_losses (default UNSTARTED_LOSS_FACTOR x
+        max_attempts) losses before it ever started. With events_ttl, a job the reaper ends
+        gets its 'done' event, as from a worker."""
+        now = time.time() if now is None else now
+        if max_unstarted_losses is None:
+            max_unstarted_losses = UNSTARTED_LOSS_FACTOR * max_attempts
+        expired = self.r.zrangebyscore(Keys.leases, "-inf", now)
+        out = {}
+        for raw in expired:
+            job_id = raw.decode()
+            tenant = (self.r.hget(Keys.job(job_id), "tenant") or b"").decode()
+            keys = [Keys.job(job_id), Keys.leases, Keys.tenant_active(tenant), Keys.events(job_id)]
+            res = self._reap(
+                keys=keys, args=[job_id, now, max_attempts, max_unstarted_losses, events_ttl]
+            )
+            out[job_id] = res.decode() if isinstance(res, bytes) else res
+        return out
+
+    def prune_backlog(self, job_ttl: float, now: float | None = None) -> list[str]:
+        """Drop backlog entries of queued jobs whose record expired (job_ttl) before any
+        worker took them (a bucket nobody serves), so a pool can still scale to zero."""
+        now = time.time() if now is None else now
+        dropped = []
+        for b in BUCKETS:
+            key = Keys.backlog(b)
+            for raw in self.r.zrangebyscore(key, "-inf", now - job_ttl):
+                job_id = raw.decode()
+                if not self.r.exists(Keys.job(job_id)) and self.r.zrem(key, job_id):
+                    dropped.append(job_id)
+            if dropped and self.r.zcard(key) == 0:
+                self.r.hset(Keys.backlog_tokens, b, 0)  # its tokens went with the records
+        return dropped
+
+    def restore_stranded(self, older_than: float, now: float | None = None) -> list[str]:
+        """Put back messages a worker took but never started (it died, or Redis restarted
+        between the take and the acquire): the job is still queued, its message sits in
+        kombu's unacked set. Copies of started jobs are left alone (acquire skips them)."""
+        now = time.time() if now is None else now
+        job_queues = {queue_name(b, p) for b in BUCKETS for p in Priority}
+        restored = []
+        for tag in self.r.zrangebyscore(KOMBU_UNACKED_INDEX, "-inf", now - older_than):
+            raw = self.r.hget(KOMBU_UNACKED, tag)
+            if raw is None:
+                continue
+            envelope, _exchange, routing_key = json.loads(raw)
+            if routing_key not in job_queues:
+                continue  # a Celery task, not a job
+            body = json.loads(base64.b64decode(envelope["body"]))
+            job_id = body.get("job_id", "")
+            keys = [KOMBU_UNACKED, KOMBU_UNACKED_INDEX, Keys.job(job_id), routing_key]
+            if self._restore(keys=keys, args=[tag, json.dumps(envelope)]):
+                restored.append(job_id)
+        return restored
+
+
+def _encode(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, int | float):
+        return repr(value)
+    return json.dumps(value)

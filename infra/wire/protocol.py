@@ -1,0 +1,145 @@
+"""The one definition of the wire: job schema, statuses, buckets, queues, Redis keys.
+
+Torch-free: the gateway, workers, reaper and Celery tasks all import this.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from dataclasses import dataclass
+from typing import Any
+
+MESSAGE_VERSION = 1
+
+
+class JobStatus(enum.StrEnum):
+    QUEUED = "queued"
+    IN_PROGRESS = "in_progress"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    EXPIRED = "expired"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self not in (JobStatus.QUEUED, JobStatus.IN_PROGRESS)
+
+
+class Priority(enum.StrEnum):
+    INTERACTIVE = "interactive"
+    BATCH = "batch"
+
+
+BUCKETS = ("short", "medium", "long")
+
+
+def bucket_for(total_tokens: int, short_max: int, medium_max: int) -> str:
+    """The bucket of a job by prompt_tokens + max_tokens."""
+    if total_tokens <= short_max:
+        return "short"
+    if total_tokens <= medium_max:
+        return "medium"
+    return "long"
+
+
+def queue_name(bucket: str, priority: Priority | str) -> str:
+    return f"tide.{bucket}.{Priority(priority).value}"
+
+
+def consume_order(buckets: list[str]) -> list[str]:
+    """Queues a worker polls: its buckets in preference order, interactive before batch."""
+    return [queue_name(b, p) for p in Priority for b in buckets]
+
+
+class Keys:
+    """The Redis key schema, in one place."""
+
+    prefix = "tide"
+
+    @staticmethod
+    def job(job_id: str) -> str:
+        return f"tide:job:{job_id}"
+
+    @staticmethod
+    def events(job_id: str) -> str:
+        return f"tide:events:{job_id}"
+
+    @staticmethod
+    def idempotency(tenant: str, key: str) -> str:
+        return f"tide:idem:{tenant}:{key}"
+
+    @staticmethod
+    def tenant_active(tenant: str) -> str:
+        """Jobs of the tenant not yet terminal (queued or running)."""
+        return f"tide:tenant:{tenant}:active"
+
+    @staticmethod
+    def tenant_rate(tenant: str, second: int) -> str:
+        return f"tide:tenant:{tenant}:rate:{second}"
+
+    @staticmethod
+    def worker(worker_id: str) -> str:
+        return f"tide:worker:{worker_id}"
+
+    @staticmethod
+    def drain(worker_id: str) -> str:
+        """Set by the controller: the worker stops taking jobs, finishes, exits."""
+        return f"tide:drain:{worker_id}"
+
+    @staticmethod
+    def file(file_id: str) -> str:
+        return f"tide:file:{file_id}"
+
+    @staticmethod
+    def tenant_files(tenant: str) -> str:
+        return f"tide:tenant:{tenant}:files"  # zset file_id -> created_at
+
+    @staticmethod
+    def batch(batch_id: str) -> str:
+        return f"tide:batch:{batch_id}"
+
+    @staticmethod
+    def batch_lines(batch_id: str) -> str:
+        """Hash: input line number -> job id, or 'error:<message>' for a refused line."""
+        return f"tide:batch:{batch_id}:lines"
+
+    @staticmethod
+    def tenant_batches(tenant: str) -> str:
+        return f"tide:tenant:{tenant}:batches"  # zset batch_id -> created_at
+
+    @staticmethod
+    def backlog(bucket: str) -> str:
+        """Zset of queued job ids (score: created_at); see infra/wire/backlog.py."""
+        return f"tide:backlog:{bucket}"
+
+    backlog_tokens = "tide:backlog_tokens"  # hash bucket -> prompt + max tokens of queued jobs
+    arrived_tokens = "tide:arrived_tokens"  # hash bucket -> tokens ever enqueued (a counter)
+    arrived_jobs = "tide:arrived_jobs"  # hash bucket -> jobs ever enqueued (a counter)
+    controller = "tide:controller"  # hash: the controller's metrics_url, last decision time
+    active_batches = "tide:batches:active"  # set of batches the supervisor follows
+    leases = "tide:leases"  # zset job_id -> lease expiry (unix seconds)
+    workers = "tide:workers"  # zset worker_id -> last heartbeat
+    wakeup = "tide:wakeup"  # pub/sub: each new job's queue name, so idle workers wake at once
+
+
+@dataclass
+class JobMessage:
+    """What a queue carries: the job id and what admission needs. The record is the truth."""
+
+    job_id: str
+    bucket: str
+    priority: str
+    prompt_tokens: int
+    max_tokens: int
+    v: int = MESSAGE_VERSION
+
+    def dumps(self) -> str:
+        return json.dumps(self.__dict__)
+
+    @classmethod
+    def loads(cls, raw: str | bytes | dict[str, Any]) -> JobMessage:
+        data = raw if isinstance(raw, dict) else json.loads(raw)
+        if data.get("v") != MESSAGE_VERSION:
+            raise ValueError(f"unsupported message version {data.get('v')!r}")
+        return cls(**data)

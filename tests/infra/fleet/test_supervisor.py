@@ -1,0 +1,137 @@
+"""The supervisor behind `tide up`: restart with back-off, give up after too many deaths."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+from infra.fleet import supervisor as sv
+from infra.fleet.supervisor import Supervisor, ThreadProc
+
+
+class FakeProc:
+    def __init__(self) -> None:
+        self.code: int | None = None
+
+    def poll(self) -> int | None:
+        return self.code
+
+
+def test_a_dead_child_is_restarted_after_a_doubling_back_off():
+    now = [0.0]
+    started: list[FakeProc] = []
+
+    def start() -> FakeProc:
+        started.append(FakeProc())
+        return started[-1]
+
+    sup = Supervisor(clock=lambda: now[0])
+    sup.add("gateway", start)
+    assert sup.check() and len(started) == 1
+    started[-1].code = -9  # kill -9
+    assert sup.check() and len(started) == 1  # back-off first
+    now[0] += sv.RESTART_FIRST_S
+    assert sup.check() and len(started) == 2 and sup.children["gateway"].restarts == 1
+    started[-1].code = 1
+    sup.check()
+    now[0] += sv.RESTART_FIRST_S  # the second death waits twice as long
+    sup.check()
+    assert len(started) == 2
+    now[0] += sv.RESTART_FIRST_S
+    sup.check()
+    assert len(started) == 3
+
+
+def test_it_gives_up_after_too_many_deaths_within_the_window():
+    now = [0.0]
+    sup = Supervisor(clock=lambda: now[0])
+    procs: list[FakeProc] = []
+
+    def start() -> FakeProc:
+        procs.append(FakeProc())
+        procs[-1].code = 1  # dies at once, every time
+        return procs[-1]
+
+    sup.add("webhooks", start)
+    results = []
+    for _ in range(200):
+        results.append(sup.check())
+        if not results[-1]:
+            break
+        now[0] += 1.0
+    assert results[-1] is False and sup.gave_up and "webhooks" in sup.gave_up
+    assert len(procs) == sv.MAX_RESTARTS + 1
+
+
+def test_deaths_far_apart_never_give_up():
+    now = [0.0]
+    sup = Supervisor(clock=lambda: now[0])
+    procs: list[FakeProc] = []
+    sup.add("redis", lambda: procs.append(FakeProc()) or procs[-1])
+    for _ in range(3 * sv.MAX_RESTARTS):
+        procs[-1].code = -9
+        assert sup.check()
+        now[0] += sv.RESTART_WINDOW_S  # one death a minute: weather
+        assert sup.check()
+    assert sup.gave_up is None
+
+
+def test_a_crashed_thread_is_reported_dead():
+    def boom() -> None:
+        raise RuntimeError("controller crashed")
+
+    t = ThreadProc(boom, "controller")
+    t.thread.join(5)
+    assert t.poll() == 1 and isinstance(t.error, RuntimeError)
+
+
+def test_a_child_does_not_outlive_a_parent_killed_with_9():
+    code = (
+        "import subprocess, sys, time; from infra.fleet.supervisor import orphan_safe; "
+        "p = subprocess.Popen(orphan_safe(['sleep', '60'])); print(p.pid, flush=True); "
+        "time.sleep(60)"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert parent.stdout is not None
+    child = int(parent.stdout.readline())
+    parent.kill()
+    parent.wait()
+    deadline = time.monotonic() + 5
+    while _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(child), "the child outlived its parent"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[1][0] != "Z"  # a zombie (init reaps it) is gone
+    except FileNotFoundError:
+        return False
+
+
+def test_local_worker_ids_are_never_reused_across_runs(monkeypatch, tmp_path):
+    """A stale `tide:drain:default-local-1` from an earlier run (kept in the AOF) drained
+    every new worker 3 s after it started: ids now carry the run, so none is reused."""
+    from infra.fleet import actuators
+    from infra.fleet.fleet_config import local_default_fleet
+
+    class Popen:  # record the argv instead of starting a worker
+        pid = 0
+
+        def __init__(self, argv, **kwargs):  # type: ignore[no-untyped-def]
+            self.argv = argv
+
+        def poll(self) -> None:
+            return None
+
+    monkeypatch.setattr(actuators.subprocess, "Popen", Popen)
+    fleet = local_default_fleet(0, 2)
+    ids = []
+    for _ in range(2):  # two runs of `tide up`
+        a = actuators.LocalActuator(fleet, env={})
+        a.launch(fleet.pools["default"], 2)
+        ids += list(a.procs["default"])
+    assert len(set(ids)) == 4, ids
+    assert all(i.startswith("default-local-") for i in ids)
