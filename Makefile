@@ -31,6 +31,7 @@ up: $(STAMP) kernels
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
 
 fmt: $(STAMP)
 	$(BIN)/ruff check --fix .

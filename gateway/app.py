@@ -20,7 +20,7 @@ from gateway.errors import install_error_handlers
 from gateway.limits import BodySizeLimit
 from gateway.metrics import RequestMetrics
 from gateway.routes import batches, files, health, jobs, openai
-from infra.batches.batches import BatchStore
+from infra.batches.store import BatchStore
 from infra.jobs.files import FileStore
 from infra.jobs.storage import make_storage
 from infra.jobs.submission import ModelInfo

@@ -11,10 +11,12 @@ import redis
 import redis.asyncio as aredis
 from fastapi import Depends, HTTPException, Request
 
-from infra.batches.batches import BatchStore
+from infra.batches.store import BatchStore
 from infra.jobs.files import FileStore
 from infra.jobs.submission import ModelInfo
 from infra.settings import Settings
+from infra.wire import job_scripts
+from infra.wire.codec import decode_hash
 from infra.wire.jobstore import JobStore
 from infra.wire.protocol import Keys
 
@@ -33,14 +35,12 @@ class GatewayState:
     tokenize_limiter: anyio.CapacityLimiter = field(init=False)
 
     def __post_init__(self) -> None:
-        from infra.wire.jobstore import _CREATE
-
-        self.create_script = self.aredis.register_script(_CREATE)
+        self.create_script = self.aredis.register_script(job_scripts.CREATE)
         self.tokenize_limiter = anyio.CapacityLimiter(tokenize_threads(self.settings))
 
     async def get_job(self, job_id: str) -> dict[str, str] | None:
         raw = await self.aredis.hgetall(Keys.job(job_id))
-        return {k.decode(): v.decode() for k, v in raw.items()} if raw else None
+        return decode_hash(raw) if raw else None
 
 
 def tokenize_threads(settings: Settings) -> int:

@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from gateway.deps import GatewayState
+from infra.wire.codec import decode_hash
 from infra.wire.protocol import JobStatus, Keys
 
 
@@ -21,7 +22,7 @@ async def job_events(state: GatewayState, job_id: str) -> AsyncIterator[dict[str
         for _, items in entries or []:
             for entry_id, raw in items:
                 last = entry_id.decode()
-                event = {k.decode(): v.decode() for k, v in raw.items()}
+                event = decode_hash(raw)
                 yield event
                 if event.get("type") == "done":
                     return

@@ -1,22 +1,20 @@
 """Readiness: can this gateway serve? Redis, the tokenizer, and live workers per pool.
 
-Workers are read from their heartbeats (worker/service.py writes `tide:worker:<id>` with a
-TTL and lists the id in the zset `tide:workers`); an id whose hash has expired is gone. A
-draining worker takes no new jobs, so it does not count as serving.
+Workers are read from their heartbeats (infra/wire/heartbeats.py: worker/service.py writes
+`tide:worker:<id>` with a TTL and lists the id in the zset `tide:workers`); an id whose hash
+has expired is gone. A draining worker takes no new jobs, so it does not count as serving.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 import redis
 import redis.asyncio as aredis
 
 from gateway.deps import GatewayState
-from infra.wire.protocol import Keys
-
-HEARTBEAT_FIELDS = ("pool", "buckets", "draining")
+from infra.wire.heartbeats import read_heartbeats_async
 
 
 @dataclass
@@ -30,21 +28,17 @@ class PoolWorkers:
 
 
 async def read_pools(r: aredis.Redis) -> dict[str, PoolWorkers]:
-    """Live workers per pool, from their heartbeat hashes."""
-    ids = cast(list[bytes], await r.zrange(Keys.workers, 0, -1))  # no decode_responses
-    pipe = r.pipeline(transaction=False)
-    for worker_id in ids:
-        pipe.hmget(Keys.worker(worker_id.decode()), HEARTBEAT_FIELDS)
+    """Live workers per pool, from their heartbeats."""
     pools: dict[str, PoolWorkers] = {}
-    for pool, buckets, draining in await pipe.execute() if ids else []:
-        if pool is None:  # the heartbeat expired: the worker is gone
+    for beat in (await read_heartbeats_async(r)).values():
+        if not beat.pool:  # a hash without a pool is no worker that serves
             continue
-        entry = pools.setdefault(pool.decode(), PoolWorkers())
-        if (draining or b"0") != b"0":
+        entry = pools.setdefault(beat.pool, PoolWorkers())
+        if beat.draining:
             entry.draining += 1
         else:
             entry.workers += 1
-        entry.buckets.update(b for b in (buckets or b"").decode().split(",") if b)
+        entry.buckets.update(beat.buckets)
     return pools
 
 

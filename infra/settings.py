@@ -7,7 +7,9 @@ most deployments already set it.
 from __future__ import annotations
 
 import functools
+import os
 from pathlib import Path
+from typing import Any
 
 from pydantic import AliasChoices, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -24,6 +26,17 @@ class Settings(BaseSettings):
     )
     data_dir: Path = Field(Path("./.tide"), description="embedded Redis AOF and local files")
     model: str = Field("dummy:tiny", description="HF folder or dummy:PRESET served by the fleet")
+    cache_dir: Path = Field(
+        default_factory=lambda: Path.home() / ".cache" / "tide",
+        description="materialised dummy models (worker/models/registry.py)",
+    )
+    kernel_cache: Path = Field(
+        default_factory=lambda: Path.home() / ".cache" / "tide" / "kernels",
+        description="native CPU kernel builds, one folder per build key (kernels/cpu.py)",
+    )
+    cpu_kernels: bool = Field(
+        True, description="TIDE_CPU_KERNELS=0: the torch reference path, no native build"
+    )
 
     # Buckets by prompt_tokens + max_tokens: short <= short_max < medium <= medium_max < long.
     bucket_short_max: int = 2048
@@ -103,6 +116,19 @@ class Settings(BaseSettings):
     aws_lifecycle_hook: str = Field("", description="termination hook to complete after a drain")
     aws_imds_url: str = "http://169.254.169.254"
 
+    @field_validator("cache_dir", "kernel_cache", mode="before")
+    @classmethod
+    def _empty_path_is_default(cls, v: Any, info) -> Any:  # type: ignore[no-untyped-def]
+        if v == "":  # TIDE_CACHE_DIR= (set but empty) means the default
+            return cls.model_fields[info.field_name].get_default(call_default_factory=True)
+        return v
+
+    @field_validator("cpu_kernels", mode="before")
+    @classmethod
+    def _only_zero_disables(cls, v: Any) -> Any:
+        # As documented (docs/operations.md): "0" turns them off, any other value leaves them on.
+        return v != "0" if isinstance(v, str) else v
+
     @field_validator("bucket_medium_max")
     @classmethod
     def _buckets_ordered(cls, v: int, info) -> int:  # type: ignore[no-untyped-def]
@@ -125,6 +151,31 @@ REDIS_URL_FILE = "redis.url"  # under data_dir while `tide up` runs an embedded 
 DEV_WEBHOOK_SECRET = "whsec_" + "dGlkZS1kZXZlbG9wbWVudC1zZWNyZXQtMzJieXRlcyE="
 
 
+_chosen: Settings | None = None
+
+
 @functools.cache
 def get_settings() -> Settings:
-    return Settings()
+    """This process's settings: read from the environment once, or those `use_settings` chose."""
+    return _chosen if _chosen is not None else Settings()
+
+
+def use_settings(settings: Settings | None) -> None:
+    """Make `settings` what get_settings() returns in this process from now on (``tide up``
+    learns the Redis URL its in-process reaper and batch supervisor need at run time);
+    None: read the environment again."""
+    global _chosen
+    _chosen = settings
+    get_settings.cache_clear()
+
+
+def child_env(settings: Settings) -> dict[str, str]:
+    """The environment for a child Tide process that must see the fleet `settings` describe:
+    this process's own, with the model, data folder and Redis URL of `settings` (which may
+    come from flags rather than from the environment)."""
+    env = dict(os.environ)
+    env["TIDE_MODEL"] = settings.model
+    env["TIDE_DATA_DIR"] = str(settings.data_dir)
+    if settings.redis_url:
+        env["REDIS_URL"] = settings.redis_url
+    return env

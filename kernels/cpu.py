@@ -20,7 +20,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import logging
-import os
 import platform
 import shutil
 import sysconfig
@@ -29,6 +28,7 @@ from typing import Any
 
 import torch
 
+from infra.settings import get_settings
 from kernels import build_lock
 
 log = logging.getLogger(__name__)
@@ -44,7 +44,7 @@ CPU_FIELDS = {"model name", "flags", "Features", "CPU implementer", "CPU part"}
 
 
 def cache_root() -> Path:
-    return Path(os.environ.get("TIDE_KERNEL_CACHE") or Path.home() / ".cache" / "tide" / "kernels")
+    return get_settings().kernel_cache
 
 
 def build_key(source: bytes) -> str:
@@ -88,7 +88,7 @@ def load(directory: Path, wait_s: float = BUILD_WAIT_S) -> Any | None:
 @functools.cache
 def ops() -> Any:
     """torch.ops.tide with the native kernels loaded, or None (see the module doc)."""
-    if os.environ.get("TIDE_CPU_KERNELS", "1") == "0":
+    if not get_settings().cpu_kernels:
         log.info("native CPU kernels disabled by TIDE_CPU_KERNELS=0")
         return None
     return load(build_dir())

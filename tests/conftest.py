@@ -36,6 +36,9 @@ STORIES = _find_stories()
 @pytest.fixture(scope="session", autouse=True)
 def _dummy_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
     os.environ["TIDE_CACHE_DIR"] = str(tmp_path_factory.mktemp("tide-cache"))
+    from infra.settings import get_settings
+
+    get_settings.cache_clear()  # read once already while tests were collected
 
 
 @pytest.fixture(scope="session")

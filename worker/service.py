@@ -28,6 +28,7 @@ import redis
 
 from infra.settings import Settings
 from infra.wire import queues
+from infra.wire.heartbeats import Heartbeat
 from infra.wire.jobstore import JobStore
 from infra.wire.protocol import JobMessage, JobStatus, Keys, Priority, consume_order
 from worker.engine import LLMEngine, SamplingParams
@@ -47,6 +48,11 @@ IDLE_WAIT_SECONDS = 0.02  # the longest an idle worker waits for a wake-up per l
 EMPTY_RECHECK_SECONDS = 0.25
 TAKE_AT_MOST = 16  # messages taken per round trip (never more than free slots)
 OFFLINE_IDLE_SECONDS = 0.05  # an idle worker's sleep per turn while Redis is away
+# The wire's priority classes and the engine's (which knows nothing of the wire), one table.
+ENGINE_PRIORITY = {
+    Priority.INTERACTIVE: EnginePriority.INTERACTIVE,
+    Priority.BATCH: EnginePriority.BATCH,
+}
 
 
 class WorkerService:
@@ -280,11 +286,7 @@ class WorkerService:
         self._idle_since = None
         try:
             params = SamplingParams(**_sampling(record))
-            prio = (
-                EnginePriority.BATCH
-                if record.get("priority") == Priority.BATCH
-                else EnginePriority.INTERACTIVE
-            )
+            prio = ENGINE_PRIORITY[Priority(record.get("priority") or Priority.INTERACTIVE)]
             self.engine.add_request(job.job_id, _ids(record), params, prio)
             self.metrics.track(job.job_id, float(record.get("created_at") or 0))
         except (ValueError, TypeError, KeyError) as e:
@@ -353,28 +355,28 @@ class WorkerService:
         produced = stats["generation_tokens"] - tokens
         rate = produced / (now - then) if now > then else 0.0
         self._last_tokens = (now, stats["generation_tokens"])
-        info = {
-            "worker_id": self.worker_id,
-            "pool": self.pool,
-            "buckets": ",".join(self.buckets),
-            "pid": os.getpid(),
-            "host": socket.gethostname(),
-            "running": stats["num_running"],
-            "waiting": stats["num_waiting"],
-            "held": len(self.held),
-            "free_slots": self.engine.config.max_num_seqs - len(self.held),
-            "kv_cache_usage": round(stats["kv_cache_usage"], 4),
-            "tokens_per_s": round(rate, 2),
-            "draining": int(self.draining),
-            "served_work_total": self._served_work,
-            "idle_since": "" if self._idle_since is None else self._idle_since,
-            "instance_id": self.settings.instance_id,
-            "metrics_url": self.metrics_url,
-            "at": time.time(),
-        }
+        beat = Heartbeat(
+            worker_id=self.worker_id,
+            pool=self.pool,
+            buckets=tuple(self.buckets),
+            pid=os.getpid(),
+            host=socket.gethostname(),
+            running=stats["num_running"],
+            waiting=stats["num_waiting"],
+            held=len(self.held),
+            free_slots=self.engine.config.max_num_seqs - len(self.held),
+            kv_cache_usage=round(stats["kv_cache_usage"], 4),
+            tokens_per_s=round(rate, 2),
+            draining=self.draining,
+            served_work_total=self._served_work,
+            idle_since=self._idle_since,
+            instance_id=self.settings.instance_id,
+            metrics_url=self.metrics_url,
+            at=time.time(),
+        )
         ttl = max(int(3 * self.settings.worker_heartbeat_seconds), 2)
         pipe = self.redis.pipeline(transaction=False)
-        pipe.hset(Keys.worker(self.worker_id), mapping=info)
+        pipe.hset(Keys.worker(self.worker_id), mapping=beat.to_hash())
         pipe.expire(Keys.worker(self.worker_id), ttl)
         pipe.zadd(Keys.workers, {self.worker_id: time.time()})
         pipe.exists(Keys.drain(self.worker_id))

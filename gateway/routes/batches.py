@@ -11,7 +11,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.deps import StateDep, TenantDep
 from gateway.routes.jobs import ERRORS
-from infra.batches.batches import new_batch_id, parse_window, public_batch, validate_batch
+from infra.batches.store import new_batch_id, parse_window
+from infra.batches.validate import validate_batch
+from infra.jobs.public import public_batch
 from infra.jobs.schemas import (
     METADATA_DOC,
     METADATA_MAX_KEYS,

@@ -12,7 +12,8 @@ from sse_starlette.sse import EventSourceResponse
 from gateway.deps import GatewayState, StateDep, TenantDep
 from gateway.events import job_events
 from gateway.submit import submit_job
-from infra.jobs.schemas import ErrorBody, JobAccepted, JobCreate, JobPublic, job_public
+from infra.jobs.public import ErrorBody, JobAccepted, JobPublic, job_public
+from infra.jobs.schemas import JobCreate
 from infra.wire.protocol import JobStatus
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])

@@ -17,13 +17,8 @@ from gateway.events import job_events
 from gateway.routes.jobs import ERRORS
 from gateway.submit import submit_job
 from infra.jobs.openai_format import chat_body, completion_body, unfinished_job
-from infra.jobs.schemas import (
-    ChatCompletionCreate,
-    CompletionCreate,
-    ErrorBody,
-    JobCreate,
-    SamplingFields,
-)
+from infra.jobs.public import ErrorBody
+from infra.jobs.schemas import ChatCompletionCreate, CompletionCreate, JobCreate, SamplingFields
 from infra.wire.protocol import Priority
 
 router = APIRouter(prefix="/v1", tags=["openai"])

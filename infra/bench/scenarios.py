@@ -9,44 +9,24 @@ printed. On a shared CPU the absolute figures drift; the ratio from one run is t
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
-import redis
+from infra.bench.load import RunConfig, RunResult, run_load
+from infra.bench.report import build_report, emit, report_config
+from infra.bench.scenario_fleet import ROOT, Arm, ScenarioFleet, WorkerSpec
+from infra.bench.workload import WorkItem, build_workload, workload_spec
 
-from infra.fleet.local_fleet import wait_ready
-from infra.fleet.redis_server import EmbeddedRedis, free_port
-
-ROOT = Path(__file__).resolve().parents[2]
 # stories260K's prefill is too cheap for prefix caching to show through the fleet's
 # per-request overhead; dummy:small (2,048-token context) makes prefill cost something.
 SCENARIO_MODELS = {"prefix": "dummy:small"}
 EVERYTHING_SHORT = {"TIDE_BUCKET_SHORT_MAX": "1000000", "TIDE_BUCKET_MEDIUM_MAX": "2000000"}
-
-
-@dataclass
-class WorkerSpec:
-    buckets: str = "short,medium,long"
-    flags: tuple[str, ...] = ()
-
-
-@dataclass
-class Arm:
-    name: str
-    workers: list[WorkerSpec]
-    env: dict[str, str] = field(default_factory=dict)
-    warmup_max_tokens: tuple[int, ...] = (8,)  # one warm-up job each, to reach every pool
 
 
 @dataclass
@@ -156,120 +136,15 @@ def build(name: str, max_len: int) -> Scenario:
     raise ValueError(f"unknown scenario {name!r}")
 
 
-class ScenarioFleet:
-    """One arm's fleet: embedded Redis, gateway and workers as child processes."""
-
-    def __init__(
-        self, arm: Arm, model: str, workdir: Path, max_num_seqs: int, dtype: str | None
-    ) -> None:
-        self.arm = arm
-        self.model = model
-        self.workdir = workdir
-        self.max_num_seqs = max_num_seqs
-        self.dtype = dtype
-        self.redis = EmbeddedRedis(workdir / "redis")
-        self.url = f"http://127.0.0.1:{free_port()}"
-        self.procs: list[subprocess.Popen[bytes]] = []
-
-    def start(self) -> ScenarioFleet:
-        self.redis.start()
-        env = {k: v for k, v in os.environ.items() if k != "TIDE_API_KEYS"}  # open access
-        env |= {
-            "REDIS_URL": self.redis.url,
-            "TIDE_MODEL": self.model,
-            "TIDE_DATA_DIR": str(self.workdir / "data"),
-            "OMP_NUM_THREADS": "1",
-            "PYTHONPATH": str(ROOT),
-            **self.arm.env,
-        }
-        py = sys.executable
-        port = self.url.rsplit(":", 1)[1]
-        self._spawn(
-            "gateway",
-            [py, "-m", "uvicorn", "gateway.app:app", "--port", port, "--log-level", "warning"],
-            env,
-        )
-        for i, w in enumerate(self.arm.workers):
-            argv = [
-                py,
-                "-m",
-                "infra.cli",
-                "worker",
-                "--buckets",
-                w.buckets,
-                "--max-num-seqs",
-                str(self.max_num_seqs),
-                *w.flags,
-            ]
-            self._spawn(f"worker-{i}", argv + (["--dtype", self.dtype] if self.dtype else []), env)
-        wait_ready(self.url, timeout=120)
-        client = redis.Redis.from_url(self.redis.url)
-        deadline = time.monotonic() + 120
-        while client.zcard("tide:workers") < len(self.arm.workers):
-            if time.monotonic() > deadline or any(p.poll() is not None for p in self.procs):
-                tails = [f"--- {p.name}\n" + "\n".join(p.read_text().splitlines()[-15:])
-                         for p in sorted(self.workdir.glob("*.log"))]  # fmt: skip
-                raise RuntimeError(f"{self.arm.name}: the fleet did not start\n" + "\n".join(tails))
-            time.sleep(0.2)
-        client.close()
-        return self
-
-    def _spawn(self, name: str, argv: list[str], env: dict[str, str]) -> None:
-        log = open(self.workdir / f"{name}.log", "ab")  # noqa: SIM115 - lives with the process
-        self.procs.append(
-            subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-        )
-
-    def warm_up(self) -> None:
-        """A few jobs through every pool, so no arm pays first-step costs in its figures."""
-        with httpx.Client(base_url=self.url, timeout=60) as client:
-            ids = [
-                client.post(
-                    "/v1/jobs",
-                    json={
-                        "prompt": "Once upon a time",
-                        "max_tokens": n,
-                        "temperature": 0,
-                        "ignore_eos": True,
-                    },
-                ).json()["id"]
-                for n in self.arm.warmup_max_tokens
-                for _ in range(2)
-            ]
-            for job_id in ids:
-                deadline = time.monotonic() + 120
-                while client.get(f"/v1/jobs/{job_id}").json()["status"] in (
-                    "queued",
-                    "in_progress",
-                ):
-                    if time.monotonic() > deadline:
-                        raise RuntimeError(f"{self.arm.name}: warm-up job {job_id} never finished")
-                    time.sleep(0.05)
-
-    def stop(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in self.procs:
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-        self.redis.stop()
-
-
-def run_scenario(args: argparse.Namespace, slos: dict[str, float]) -> int:
-    from infra.bench import loadbench
-    from infra.cli.bench import _config, emit, workload_spec
-    from infra.jobs.submission import ModelInfo
-    from worker.models.dummy import resolve_model_path  # torch: only in this parent
-
-    model = args.model or default_model(args.scenario)
-    resolve_model_path(model)  # materialise a dummy model once, before the fleets start
-    info = ModelInfo.load(model)
-    scenario = build(args.scenario, info.config.max_model_len)
-    spec = workload_spec(args, info.config.max_model_len, scenario.workload)
-    items = loadbench.build_workload(spec, info.tokenizer)
+def run_scenario(
+    args: argparse.Namespace, slos: dict[str, float], model: str, tokenizer: Any, max_len: int
+) -> int:
+    """Both arms of args.scenario serving `model` (materialised already; its tokenizer and
+    context length size the prompts), compared and reported; 0 when every round completed
+    requests."""
+    scenario = build(args.scenario, max_len)
+    spec = workload_spec(args, max_len, scenario.workload)
+    items = build_workload(spec, tokenizer)
     seqs = args.max_num_seqs or scenario.max_num_seqs
     repeat = args.repeat or scenario.repeat
     print(
@@ -279,7 +154,7 @@ def run_scenario(args: argparse.Namespace, slos: dict[str, float]) -> int:
     )
     base = Path(tempfile.mkdtemp(prefix=f"tide-bench-{scenario.name}-"))
     reports: dict[str, list[dict[str, Any]]] = {arm.name: [] for arm in scenario.arms}
-    runs: dict[str, loadbench.RunResult] = {}
+    runs: dict[str, RunResult] = {}
     try:
         for k in range(repeat):
             # Alternate the order each round, so slow drift on a shared machine cancels.
@@ -289,13 +164,13 @@ def run_scenario(args: argparse.Namespace, slos: dict[str, float]) -> int:
                 workdir.mkdir()
                 print(f"  {label}: starting {len(arm.workers)} worker(s)", file=sys.stderr)
                 runs[label] = _run_arm(arm, model, workdir, seqs, items, args, scenario.priority)
-                reports[arm.name].append(loadbench.build_report(runs[label], slos, {}))
+                reports[arm.name].append(build_report(runs[label], slos, {}))
     finally:
         if args.keep_logs and args.out_dir:
             shutil.copytree(base, args.out_dir / "logs", dirs_exist_ok=True, ignore=_no_redis)
         shutil.rmtree(base, ignore_errors=True)
     extra = {"max_num_seqs": seqs, "model": model, "priority": args.priority or scenario.priority}
-    report = compare(scenario, reports, _config(args, spec) | extra | {"repeat": repeat})
+    report = compare(scenario, reports, report_config(args, spec) | extra | {"repeat": repeat})
     for line in comparison_lines(report):
         print(line)
     emit(report, args, "scenario.json", runs)
@@ -308,16 +183,14 @@ def _run_arm(
     model: str,
     workdir: Path,
     seqs: int,
-    items: list[Any],
+    items: list[WorkItem],
     args: argparse.Namespace,
     priority: str,
-) -> Any:
-    from infra.bench import loadbench
-
+) -> RunResult:
     fleet = ScenarioFleet(arm, model, workdir, seqs, args.dtype).start()
     try:
         fleet.warm_up()
-        cfg = loadbench.RunConfig(
+        cfg = RunConfig(
             url=fleet.url,
             duration=args.duration,
             request_timeout=args.request_timeout,
@@ -326,7 +199,7 @@ def _run_arm(
             priority=args.priority or priority,
             progress=not args.no_progress and sys.stderr.isatty(),
         )
-        return loadbench.run_load(items, cfg)
+        return run_load(items, cfg)
     finally:
         fleet.stop()
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 import tempfile
 import time
@@ -16,6 +15,7 @@ import httpx
 from pydantic import ValidationError
 from rich.progress import Progress
 
+from infra.batches.docs import docs_to_batch
 from infra.jobs.openai_format import chat_body, completion_body
 from infra.jobs.schemas import ChatCompletionCreate
 from infra.jobs.submission import ModelInfo, SubmissionError, token_ids
@@ -62,7 +62,7 @@ def _fleet_flags(p: argparse.ArgumentParser) -> None:
 
 
 def run_offline(input_path: Path, output: Path, model: str, dtype: str | None) -> dict[str, int]:
-    from infra.batches.batches import ENDPOINTS
+    from infra.batches.validate import ENDPOINTS
     from worker.engine import LLMEngine, SamplingParams
     from worker.models.dummy import resolve_model_path
 
@@ -205,61 +205,6 @@ def cmd_batch_run(args: argparse.Namespace) -> int:
 
 
 # -- documents -------------------------------------------------------------------------------
-
-
-def split_document(text: str, template: str, fits: Any) -> list[str]:
-    """Paragraph-packed chunks whose rendered prompt fits; words split an oversized paragraph."""
-    paragraphs = [p.strip() for p in re.split(r"\n\s*\n", text) if p.strip()]
-    pieces: list[str] = []
-    for para in paragraphs:
-        if fits(template.format(text=para)):
-            pieces.append(para)
-            continue
-        words, current = para.split(), []
-        for word in words:
-            if current and not fits(template.format(text=" ".join([*current, word]))):
-                pieces.append(" ".join(current))
-                current = []
-            current.append(word)
-        if current:
-            pieces.append(" ".join(current))
-    chunks: list[str] = []
-    for piece in pieces:
-        if chunks and fits(template.format(text=chunks[-1] + "\n\n" + piece)):
-            chunks[-1] += "\n\n" + piece
-        else:
-            chunks.append(piece)
-    return chunks
-
-
-def docs_to_batch(
-    folder: Path, template: str, max_tokens: int, info: ModelInfo
-) -> tuple[list[str], list[str]]:
-    """(JSONL lines, human-readable notes about splits)."""
-    if "{text}" not in template:
-        raise SystemExit("--template must contain {text}")
-    context = info.config.max_model_len
-
-    def fits(prompt: str) -> bool:
-        return len(info.tokenizer.encode(prompt)) + max_tokens <= context
-
-    lines, notes = [], []
-    files = sorted(
-        p for p in folder.iterdir() if p.suffix.lower() in (".txt", ".md") and p.is_file()
-    )
-    if not files:
-        raise SystemExit(f"no .txt or .md files in {folder}")
-    for path in files:
-        chunks = split_document(path.read_text(), template, fits)
-        if len(chunks) > 1:
-            notes.append(f"{path.name}: longer than the context ({context} tokens with "
-                         f"max_tokens {max_tokens}); split into {len(chunks)} chunks")  # fmt: skip
-        for i, chunk in enumerate(chunks, 1):
-            custom_id = path.name if len(chunks) == 1 else f"{path.name}#{i}"
-            body = {"prompt": template.format(text=chunk), "max_tokens": max_tokens}
-            lines.append(json.dumps({"custom_id": custom_id, "method": "POST",
-                                     "url": "/v1/completions", "body": body}))  # fmt: skip
-    return lines, notes
 
 
 def cmd_batch_docs(args: argparse.Namespace) -> int:

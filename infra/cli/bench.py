@@ -4,20 +4,12 @@ starts its own local fleets and compares two arms side by side."""
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
-import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from infra.bench.loadbench import WorkloadSpec
+from typing import Any
 
 SCENARIOS = ("batching", "buckets", "prefix")
-CONFIG_KEYS = ("url", "api", "priority", "scenario", "model", "request_rate", "burstiness",
-               "num_requests", "duration", "seed", "trace", "sigma", "temperature", "ignore_eos",
-               "goodput")  # fmt: skip
 
 
 def _positive(name: str, kind: type = float, allow_inf: bool = False) -> Any:
@@ -212,23 +204,23 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from infra.bench import loadbench
+    from infra.bench.load import RunConfig, run_load
+    from infra.bench.report import build_report, emit, parse_slos, report_config
+    from infra.bench.workload import build_workload, workload_spec
 
     try:
-        slos = loadbench.parse_slos(args.goodput)
+        slos = parse_slos(args.goodput)
         if args.priority == "batch" and args.api != "jobs":
             raise ValueError("--priority batch needs --api jobs (completions are interactive)")
         if args.scenario:
-            from infra.bench.scenarios import run_scenario
-
-            return run_scenario(args, slos)
+            return _scenario(args, slos)
         tokenizer, max_len = _tokenizer(args)
         spec = workload_spec(args, max_len, defaults={})
-        items = loadbench.build_workload(spec, tokenizer)
+        items = build_workload(spec, tokenizer)
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    cfg = loadbench.RunConfig(
+    cfg = RunConfig(
         url=args.url.rstrip("/"),
         api=args.api,
         api_key=args.api_key,
@@ -239,47 +231,21 @@ def cmd_bench(args: argparse.Namespace) -> int:
         priority=args.priority or "interactive",
         progress=not args.no_progress and sys.stderr.isatty(),
     )
-    result = loadbench.run_load(items, cfg)
-    report = loadbench.build_report(result, slos, _config(args, spec))
+    result = run_load(items, cfg)
+    report = build_report(result, slos, report_config(args, spec))
     emit(report, args, "bench.json", {"run": result})
     return 0 if report["summary"]["requests"]["completed"] else 1
 
 
-def workload_spec(args: argparse.Namespace, max_len: int, defaults: dict[str, Any]) -> WorkloadSpec:
-    """The workload from flags, falling back to a scenario's defaults, then the general ones."""
-    from infra.bench.loadbench import LengthClass, WorkloadSpec, load_trace
+def _scenario(args: argparse.Namespace, slos: dict[str, float]) -> int:
+    from infra.bench.scenarios import default_model, run_scenario
+    from infra.jobs.submission import ModelInfo
+    from worker.models.dummy import resolve_model_path  # torch: only in this parent
 
-    def pick(name: str, general: Any) -> Any:
-        value = getattr(args, name)
-        return value if value is not None else defaults.get(name, general)
-
-    cap = args.max_len or max_len
-    short, long_ = pick("short_len", (32, 32)), pick("long_len", (192, 128))
-    long_fraction = pick("long_fraction", 0.2)
-    prefix = pick("shared_prefix_len", 0)
-    if prefix < 0 or prefix + 2 >= cap:
-        raise ValueError(f"--shared-prefix-len must be in [0, {cap - 3}], got {prefix}")
-    room = cap - prefix
-    classes = [
-        LengthClass(
-            "short", 1 - long_fraction, short[0], short[1], defaults.get("short_cap", room)
-        ),
-        LengthClass("long", long_fraction, long_[0], long_[1], room),
-    ]
-    num = pick("num_requests", 50)
-    rate = pick("request_rate", 5.0)
-    if args.duration and args.num_requests is None and not math.isinf(rate):
-        num = max(num, math.ceil(rate * args.duration * 2) + 10)  # enough for the duration
-    return WorkloadSpec(
-        num_requests=num,
-        request_rate=rate,
-        burstiness=pick("burstiness", 1.0),
-        seed=args.seed,
-        classes=[c for c in classes if c.share > 0],
-        sigma=args.sigma,
-        shared_prefix_len=prefix,
-        trace=load_trace(args.trace) if args.trace else None,
-    )
+    model = args.model or default_model(args.scenario)
+    resolve_model_path(model)  # materialise a dummy model once, before the fleets start
+    info = ModelInfo.load(model)
+    return run_scenario(args, slos, model, info.tokenizer, info.config.max_model_len)
 
 
 def _tokenizer(args: argparse.Namespace) -> tuple[Any | None, int]:
@@ -306,43 +272,3 @@ def _tokenizer(args: argparse.Namespace) -> tuple[Any | None, int]:
         )
         return None, args.max_len or 2048
     return info.tokenizer, info.config.max_model_len
-
-
-def _config(args: argparse.Namespace, spec: Any) -> dict[str, Any]:
-    config = {
-        k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k in CONFIG_KEYS
-    }
-    config["request_rate"] = spec.request_rate
-    config["burstiness"] = spec.burstiness
-    config["num_requests"] = spec.num_requests
-    config["length_classes"] = [vars(c) for c in spec.classes]
-    config["shared_prefix_len"] = spec.shared_prefix_len
-    config["started_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-    return config
-
-
-def emit(report: dict[str, Any], args: argparse.Namespace, name: str, runs: dict[str, Any]) -> None:
-    """Print the summary; write the JSON report and plots when --out-dir is given."""
-    from infra.bench.loadbench import summary_lines, write_plots
-
-    if args.json:
-        print(json.dumps(report.get("summary", report.get("comparison")), indent=2))
-    elif "summary" in report:
-        print("\n".join(summary_lines(report["summary"])))
-        for kind, summary in report["by_kind"].items():
-            if len(report["by_kind"]) > 1:
-                ttft = summary["ttft_ms"]
-                if ttft["count"]:
-                    print(
-                        f"  {kind:<6} TTFT ms p50 {ttft['p50']:.1f}  p99 {ttft['p99']:.1f}  "
-                        f"({summary['requests']['completed']} requests)"
-                    )
-    if args.out_dir is None:
-        return
-    args.out_dir.mkdir(parents=True, exist_ok=True)
-    path = args.out_dir / name
-    path.write_text(json.dumps(report, indent=1))
-    written = [path]
-    if not args.no_plots:
-        written += write_plots(runs, args.out_dir)
-    print("wrote " + ", ".join(str(p) for p in written), file=sys.stderr)

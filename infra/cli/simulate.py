@@ -1,4 +1,4 @@
-"""``tide simulate``: run the fleet simulator (infra/sim/simulator.py) over a trace with each
+"""``tide simulate``: run the fleet simulator (infra/sim/) over a trace with each
 scaling policy and report GPU-hours and queue waits (a rich table, --json, --plot)."""
 
 from __future__ import annotations
@@ -78,7 +78,11 @@ def _fleet(path: str | None) -> Any:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from infra.sim import simulator as sim
+    from infra.sim.compare import simulate
+    from infra.sim.policies import POLICIES, KedaConfig
+    from infra.sim.service_model import service_models
+    from infra.sim.simulation import SimConfig
+    from infra.sim.traces import TRACES, builtin_trace, load_trace
 
     try:
         if args.list_length < 1:
@@ -87,23 +91,23 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             raise ValueError(f"--hours must be > 0, got {args.hours}")
         policies = tuple(p.strip() for p in args.policies.split(",") if p.strip())
         for name in policies:
-            if name not in sim.POLICIES:
-                raise ValueError(f"--policies: unknown {name!r}; choose from {sim.POLICIES}")
+            if name not in POLICIES:
+                raise ValueError(f"--policies: unknown {name!r}; choose from {POLICIES}")
         fleet, fleet_path = _fleet(args.fleet)
-        models = sim.service_models(fleet, args.service)
-        if args.trace in sim.TRACES:
-            jobs, span = sim.builtin_trace(args.trace, args.seed, args.hours)
+        models = service_models(fleet, args.service)
+        if args.trace in TRACES:
+            jobs, span = builtin_trace(args.trace, args.seed, args.hours)
         elif args.trace.endswith(".jsonl") or Path(args.trace).is_file():
-            jobs, span = sim.load_trace(args.trace, args.hours)
+            jobs, span = load_trace(args.trace, args.hours)
         else:
             raise ValueError(
-                f"--trace {args.trace!r}: not a built-in trace ({', '.join(sim.TRACES)}) "
+                f"--trace {args.trace!r}: not a built-in trace ({', '.join(TRACES)}) "
                 "nor a .jsonl file"
             )
-        results = sim.simulate(
+        results = simulate(
             fleet, jobs, span, models, policies,
-            config=sim.SimConfig(tide_rate=args.tide_rate),
-            keda=sim.KedaConfig(list_length=args.list_length),
+            config=SimConfig(tide_rate=args.tide_rate),
+            keda=KedaConfig(list_length=args.list_length),
         )  # fmt: skip
     except (ValueError, RuntimeError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -161,7 +165,7 @@ def plot(results: Any, jobs: Any, span: float, path: str, title: str = "") -> No
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from infra.sim.simulator import percentile
+    from infra.stats import percentile
 
     end = max([span, *(r.end_s for r in results.values())])
     width = 900.0
@@ -180,7 +184,7 @@ def plot(results: Any, jobs: Any, span: float, path: str, title: str = "") -> No
         windows: list[list[float]] = [[] for _ in range(bins)]
         for arrival, wait in r.waits:
             windows[min(int(arrival // width), bins - 1)].append(wait)
-        axes[2].plot(hours, [percentile(w, 0.99) if w else float("nan") for w in windows],
+        axes[2].plot(hours, [percentile(w, 99) if w else float("nan") for w in windows],
                      label=name)  # fmt: skip
     axes[1].set_ylabel("workers (billed)")
     axes[1].legend(loc="upper left")

@@ -1,1 +1,1 @@
-"""`tide doctor`: scrape, rules, diagnosis."""
+"""`tide doctor`: scrapes, snapshots, the diagnosis rules, collecting from a live fleet."""

@@ -2,11 +2,11 @@
 
 Every poll interval it reads the per-bucket backlog (infra/wire/backlog.py) and the workers'
 heartbeats, builds one observation per pool, asks the policy (infra/fleet/autoscale.py) for a
-decision, and hands it to an actuator (infra/fleet/actuators.py: local processes or an AWS Auto
+decision, and hands it to an actuator (infra/fleet/actuator.py: local processes or an AWS Auto
 Scaling group). It never removes a busy worker: it asks the idlest to drain (a Redis key
 the worker checks with its heartbeat) and removes it once it has drained. It also hosts
 the lease reaper and the batch supervisor, logs every decision with its reason, and
-exports its view as metrics. Torch-free.
+exports its view as metrics (infra/fleet/controller_metrics.py). Torch-free.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 import redis
 
 from infra.fleet import controller_metrics as m
-from infra.fleet.actuators import Actuator
+from infra.fleet.actuator import Actuator
 from infra.fleet.autoscale import (
     Decision,
     PoolObservation,
@@ -29,8 +29,11 @@ from infra.fleet.autoscale import (
     decide,
 )
 from infra.fleet.fleet_config import FleetConfig, PoolConfig
+from infra.fleet.reaper import run_reaper
+from infra.plan.planner import estimate_pool_tokens_per_s
 from infra.settings import Settings
 from infra.wire.backlog import read_backlog
+from infra.wire.heartbeats import Heartbeat, read_heartbeats
 from infra.wire.protocol import BUCKETS, Keys
 
 log = logging.getLogger("tide.controller")
@@ -38,26 +41,11 @@ log = logging.getLogger("tide.controller")
 DEFAULT_TOKENS_PER_S = 2000.0  # a worker's service rate when nothing better is known
 
 
-def read_heartbeats(r: redis.Redis) -> dict[str, dict[str, str]]:
-    """worker id -> its heartbeat hash, for workers whose heartbeat has not expired."""
-    ids = [w.decode() for w in r.zrange(Keys.workers, 0, -1)]
-    pipe = r.pipeline(transaction=False)
-    for w in ids:
-        pipe.hgetall(Keys.worker(w))
-    out = {}
-    for w, raw in zip(ids, pipe.execute(), strict=True):
-        if raw:
-            out[w] = {k.decode(): v.decode() for k, v in raw.items()}
-    return out
-
-
 def estimated_rate(pool: PoolConfig) -> float:
     """A worker's service rate before any measurement: the pool's setting, else the planner."""
     if pool.tokens_per_s:
         return pool.tokens_per_s
-    try:  # the planner is optional at run time; fall back to a constant
-        from infra.plan.planner import estimate_pool_tokens_per_s
-
+    try:  # the pool may name no model, or one the planner cannot read: a constant then
         return float(estimate_pool_tokens_per_s(pool))
     except Exception:
         return DEFAULT_TOKENS_PER_S
@@ -103,9 +91,7 @@ class Controller:
             arrival = self.rates.update_arrival(name, now, sum(arrivals.get(b, 0.0) for b in home))
             workers = self._worker_views(pool, beats)
             served = {
-                w: (int(b.get("served_work_total", 0) or 0), int(b.get("held", 0) or 0) > 0)
-                for w, b in beats.items()
-                if b.get("pool") == name
+                w: (b.served_work_total, b.is_busy) for w, b in beats.items() if b.pool == name
             }
             learnt = self.rates.update_service(name, now, jobs > 0, served)
             # A configured rate wins: a bench run on the pool's hardware beats a measurement
@@ -116,16 +102,16 @@ class Controller:
             out[name] = PoolObservation(now, jobs, tokens, oldest, arrival, rate, workers)
         return out
 
-    def _worker_views(self, pool: PoolConfig, beats: dict[str, dict[str, str]]) -> list[WorkerView]:
+    def _worker_views(self, pool: PoolConfig, beats: dict[str, Heartbeat]) -> list[WorkerView]:
         views = []
         for w in self.actuator.list_workers(pool):
             beat = beats.get(w.worker_id)
             state = w.state
             if state != "draining" and beat is not None:
-                state = "draining" if beat.get("draining") == "1" else "ready"
-            running = int(beat.get("held", 0)) if beat else 0
-            idle = beat.get("idle_since") if beat else None
-            views.append(WorkerView(w.worker_id, state, running, float(idle) if idle else None))
+                state = "draining" if beat.draining else "ready"
+            running = beat.held if beat else 0
+            idle = beat.idle_since if beat else None
+            views.append(WorkerView(w.worker_id, state, running, idle))
         by_state: dict[str, int] = {"starting": 0, "ready": 0, "draining": 0}
         for v in views:
             by_state[v.state] = by_state.get(v.state, 0) + 1
@@ -188,12 +174,10 @@ class Controller:
     ) -> None:
         """The loop: reaper thread, metrics endpoint, a decision every poll interval. With
         close, the actuator is closed (its workers drained) when the loop stops."""
-        from infra.fleet.reaper import run_reaper
-
         reaper = threading.Thread(target=run_reaper, args=(self.settings, stop), daemon=True)
         reaper.start()
         if metrics_port is not None:
-            url = start_metrics_server(metrics_port, metrics_host)
+            url = m.start_metrics_server(metrics_port, metrics_host)
             self.r.hset(Keys.controller, mapping={"metrics_url": url})
             log.info("controller metrics at %s", url)
         interval = self.fleet.controller.poll_interval_s
@@ -207,15 +191,3 @@ class Controller:
             stop.wait(interval)
         if close:
             self.actuator.close()
-
-
-def start_metrics_server(port: int, host: str = "127.0.0.1") -> str:
-    import socket
-
-    from prometheus_client import start_http_server
-
-    server, _thread = start_http_server(port, addr=host, registry=m.registry)
-    bound_host, bound = server.server_address[:2]
-    if bound_host in ("0.0.0.0", "::"):  # advertise an address others can reach
-        bound_host = socket.gethostbyname(socket.gethostname())
-    return f"http://{bound_host}:{bound}/metrics"

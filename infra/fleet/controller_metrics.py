@@ -1,8 +1,11 @@
-"""The controller's metrics (prometheus-client), on its own registry."""
+"""The controller's metrics (prometheus-client), on its own registry, and their endpoint."""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+import socket
+from typing import cast
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
 registry = CollectorRegistry()
 DESIRED = Gauge(
@@ -37,3 +40,12 @@ DECISIONS = Counter(
     "tide:controller_decisions", "scaling decisions by action", ["pool", "action"],
     registry=registry,
 )  # fmt: skip
+
+
+def start_metrics_server(port: int, host: str = "127.0.0.1") -> str:
+    """Serve the registry on a background thread; the URL others can scrape."""
+    server, _thread = start_http_server(port, addr=host, registry=registry)
+    bound_host, bound = cast(tuple[str, int], server.server_address[:2])  # AF_INET(6)
+    if bound_host in ("0.0.0.0", "::"):  # advertise an address others can reach
+        bound_host = socket.gethostbyname(socket.gethostname())
+    return f"http://{bound_host}:{bound}/metrics"

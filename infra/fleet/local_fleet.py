@@ -4,32 +4,39 @@ from __future__ import annotations
 
 import argparse
 import functools
-import os
 import signal
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import httpx
 
-from infra.fleet.actuators import LocalActuator
 from infra.fleet.controller import Controller
 from infra.fleet.fleet_config import FleetConfig, load_fleet, local_default_fleet
+from infra.fleet.local_actuator import LocalActuator
 from infra.fleet.redis_server import EmbeddedRedis
 from infra.fleet.supervisor import Supervisor, ThreadProc, orphan_safe
-from infra.settings import REDIS_URL_FILE, Settings, get_settings
+from infra.jobs.celery_app import use_broker
+from infra.settings import REDIS_URL_FILE, Settings, child_env, use_settings
 
 
 class LocalFleet:
     """Redis (embedded unless REDIS_URL is set), gateway, Celery and the controller, each
     supervised (infra/fleet/supervisor.py): restarted with back-off when it dies; `tide up`
-    exits non-zero when it gives up. SIGINT or SIGTERM stops the whole tree."""
+    exits non-zero when it gives up. SIGINT or SIGTERM stops the whole tree.
 
-    def __init__(self, args: argparse.Namespace) -> None:
+    `settings` already hold the model and data folder of the flags (the Redis URL is set
+    here when the embedded server starts); `worker_argv` are the engine flags every
+    ``tide worker`` gets."""
+
+    def __init__(
+        self, args: argparse.Namespace, settings: Settings, worker_argv: list[str]
+    ) -> None:
         self.args = args
+        self.settings = settings
+        self.worker_argv = worker_argv
         self.redis: EmbeddedRedis | None = None
         self.stop = threading.Event()
         self.supervisor = Supervisor()
@@ -39,34 +46,23 @@ class LocalFleet:
         return lambda: subprocess.Popen(orphan_safe(argv), env=env)
 
     def run(self) -> int:
-        from worker.models.dummy import resolve_model_path  # torch: only in this parent
-
-        a = self.args
-        env = dict(os.environ)
-        if a.model:
-            env["TIDE_MODEL"] = a.model
-        if a.data_dir:
-            env["TIDE_DATA_DIR"] = a.data_dir
-        settings = Settings(**({"model": a.model} if a.model else {}))
-        model = settings.model
-        resolve_model_path(model)  # materialise a dummy model once, before the children start
+        a, settings = self.args, self.settings
         signal.signal(signal.SIGTERM, lambda *_: self.stop.set())
         sup = self.supervisor
         try:
             if not settings.redis_url:
-                data = Path(a.data_dir or settings.data_dir) / "redis"
-                self.redis = EmbeddedRedis(data)
+                self.redis = EmbeddedRedis(settings.data_dir / "redis")
                 embedded = self.redis
                 sup.add("redis", lambda: embedded.start().proc)
-                env["REDIS_URL"] = self.redis.url
                 # So tools run from this folder (tide doctor) find the fleet without flags.
-                (Path(a.data_dir or settings.data_dir) / REDIS_URL_FILE).write_text(self.redis.url)
-                settings = Settings(redis_url=self.redis.url, model=model)
-            # The reaper and batch supervisor run in this process and read the same settings.
-            os.environ.update({k: env[k] for k in ("REDIS_URL", "TIDE_MODEL") if k in env})
-            get_settings.cache_clear()
-            if "infra.jobs.celery_app" in sys.modules:  # imported before REDIS_URL was known
-                sys.modules["infra.jobs.celery_app"].celery_app.conf.broker_url = settings.redis_url
+                (settings.data_dir / REDIS_URL_FILE).write_text(self.redis.url)
+                settings = settings.model_copy(update={"redis_url": self.redis.url})
+                self.settings = settings
+            # The reaper and batch supervisor run in this process: they, and the Celery tasks
+            # they send, use this fleet's settings; the children get them in their env.
+            use_settings(settings)
+            use_broker(settings.redis_url)
+            env = child_env(settings)
             py = sys.executable
             gateway = [py, "-m", "uvicorn", "gateway.app:app", "--host", a.host,
                        "--port", str(a.port), "--log-level", "warning"]  # fmt: skip
@@ -74,7 +70,7 @@ class LocalFleet:
             sup.add("webhooks", self._spawner(celery_argv(), env))
             # The controller (it hosts the reaper and batch supervisor) scales the workers.
             fleet = self._fleet_config()
-            self.actuator = LocalActuator(fleet, env=env, worker_argv=engine_argv(a))
+            self.actuator = LocalActuator(fleet, env=env, worker_argv=self.worker_argv)
             self.controller = Controller(fleet, settings, self.actuator)
             # Metrics on a free port, advertised in Redis for tide doctor.
             run_controller = functools.partial(self.controller.run, self.stop, 0, close=False)
@@ -85,7 +81,7 @@ class LocalFleet:
             except RuntimeError as e:
                 print(f"tide up: {e}", flush=True)
                 return 1
-            self._banner(url, settings, model)
+            self._banner(url, settings)
             while not self.stop.is_set():
                 if not sup.check():
                     return 1
@@ -111,7 +107,8 @@ class LocalFleet:
         except ValueError as e:  # names the field and the limit
             raise SystemExit(f"tide up: {e}") from None
 
-    def _banner(self, url: str, settings: Settings, model: str) -> None:
+    def _banner(self, url: str, settings: Settings) -> None:
+        model = settings.model
         pools = ", ".join(
             f"{p.name} {p.min_workers}-{p.max_workers} on {'/'.join(p.buckets)}"
             for p in self.controller.fleet.pools.values()
@@ -134,8 +131,7 @@ class LocalFleet:
         self.supervisor.stop(["gateway", "webhooks"])
         if self.redis is not None:
             self.redis.stop()
-            url_file = Path(self.args.data_dir or get_settings().data_dir) / REDIS_URL_FILE
-            url_file.unlink(missing_ok=True)
+            (self.settings.data_dir / REDIS_URL_FILE).unlink(missing_ok=True)
 
 
 def celery_argv() -> list[str]:
@@ -144,21 +140,6 @@ def celery_argv() -> list[str]:
     return [sys.executable, "-m", "celery", "-A", "infra.jobs.celery_app:celery_app", "worker",
             "-Q", "tide.webhooks,tide.batches", "--loglevel=WARNING", "--without-heartbeat",
             "--without-gossip", "--without-mingle"]  # fmt: skip
-
-
-def engine_argv(a: argparse.Namespace) -> list[str]:
-    """The engine flags of `tide up`/`tide controller`, passed on to each `tide worker`."""
-    argv = ["--device", a.device, "--max-num-seqs", str(a.max_num_seqs)]
-    argv += ["--max-num-batched-tokens", str(a.max_num_batched_tokens)]
-    argv += ["--attention-backend", a.attention_backend]
-    argv += ["--batching", getattr(a, "batching", "continuous")]
-    if getattr(a, "no_prefix_caching", False):
-        argv.append("--no-prefix-caching")
-    if a.dtype:
-        argv += ["--dtype", a.dtype]
-    if a.kv_cache_memory:
-        argv += ["--kv-cache-memory", str(a.kv_cache_memory)]
-    return argv
 
 
 def wait_ready(

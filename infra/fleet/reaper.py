@@ -2,7 +2,7 @@
 
 A small loop; ``tide up`` runs it, and the controller hosts it. Each pass also puts back
 stranded messages and forgets dead worker ids; every ``batch_poll_interval`` it runs the
-batch supervisor (``infra.batches.batches.supervise_batches``). After a Redis outage it reaps no
+batch supervisor (``infra.batches.supervise.supervise_batches``). After a Redis outage it reaps no
 lease for a while (``OutageGrace``): a worker alive behind the outage could not refresh
 its leases, and gets the time to do so once Redis is back.
 """
@@ -145,7 +145,7 @@ def run_reaper(settings: Settings, stop: threading.Event) -> None:
         try:
             reaper.reap_once()
             if time.monotonic() >= next_batches:
-                from infra.batches.batches import supervise_batches
+                from infra.batches.supervise import supervise_batches
 
                 next_batches = time.monotonic() + settings.batch_poll_interval
                 supervise_batches()

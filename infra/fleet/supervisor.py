@@ -22,6 +22,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 log = logging.getLogger("tide.up")
@@ -36,6 +37,22 @@ def orphan_safe(argv: list[str]) -> list[str]:
     """argv that dies with its parent (SIGTERM on parent death) where the OS allows it."""
     setpriv = shutil.which("setpriv")
     return [setpriv, "--pdeathsig", "TERM", "--", *argv] if setpriv else list(argv)
+
+
+def spawn(
+    argv: list[str],
+    env: dict[str, str] | None = None,
+    cwd: str | Path | None = None,
+    log_file: Path | None = None,
+) -> subprocess.Popen[bytes]:
+    """Start a child process that dies with its parent (orphan_safe); with `log_file`, its
+    stdout and stderr are appended to that file."""
+    if log_file is None:
+        return subprocess.Popen(orphan_safe(argv), env=env, cwd=cwd)
+    with open(log_file, "ab") as out:  # the child keeps its own copy of the descriptor
+        return subprocess.Popen(
+            orphan_safe(argv), env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT
+        )
 
 
 class ThreadProc:

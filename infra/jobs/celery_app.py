@@ -20,7 +20,12 @@ def make_celery(settings: Settings) -> Celery:
     app = Celery(
         "tide",
         broker=settings.redis_url,
-        include=["infra.jobs.webhooks", "infra.jobs.webhook_dispatcher", "infra.batches.batches"],
+        include=[
+            "infra.jobs.webhooks",
+            "infra.jobs.webhook_dispatcher",
+            "infra.batches.validate",
+            "infra.batches.finalize",
+        ],
     )
     app.conf.update(
         task_acks_late=True,  # a task lost with its worker runs again (all tasks are idempotent)
@@ -40,3 +45,9 @@ def make_celery(settings: Settings) -> Celery:
 
 
 celery_app = make_celery(get_settings())
+
+
+def use_broker(url: str | None) -> None:
+    """Send this process's tasks to the broker at `url` from now on: ``tide up`` learns its
+    embedded Redis's URL only after this module (and its app) may have been imported."""
+    celery_app.conf.broker_url = url

@@ -10,6 +10,7 @@ from typing import Any
 import redis
 
 from infra.jobs.storage import Storage
+from infra.wire.codec import decode_hash
 from infra.wire.protocol import Keys
 
 
@@ -67,7 +68,7 @@ class FileStore:
 
     def get(self, file_id: str, tenant: str | None = None) -> dict[str, str] | None:
         raw = self.r.hgetall(Keys.file(file_id))
-        record = {k.decode(): v.decode() for k, v in raw.items()}
+        record = decode_hash(raw)
         if not record or (tenant is not None and record.get("tenant") != tenant):
             return None
         return record

@@ -1,4 +1,4 @@
-"""Request and response bodies of the job API (FastAPI-style suffixes: Create, Public).
+"""Request bodies of the job API and the OpenAI-compatible routes (suffix: Create).
 
 Request fields are strict where pydantic would coerce: no "8" for an int, no 1 for a bool,
 no true for a number (a float field takes an int). Every string must be encodable as UTF-8:
@@ -7,7 +7,6 @@ JSON may carry a lone surrogate ("\\udfff") that no store or response can write.
 
 from __future__ import annotations
 
-import json
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -21,7 +20,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from infra.wire.protocol import JobStatus, Priority
+from infra.wire.protocol import Priority
 
 METADATA_MAX_KEYS = 16  # OpenAI's metadata limits
 METADATA_KEY_MAX_CHARS = 64
@@ -170,97 +169,3 @@ class ChatCompletionCreate(SamplingFields):
     messages: list[ChatMessage] = Field(..., min_length=1)
     max_tokens: int = Field(256, ge=1, strict=True)
     stream: bool = Field(False, strict=True)
-
-
-class JobAccepted(BaseModel):
-    id: str
-    status: JobStatus
-    bucket: str
-    created_at: float
-
-
-class JobResult(BaseModel):
-    text: str
-    finish_reason: str | None
-
-
-class JobUsage(BaseModel):
-    prompt_tokens: int
-    completion_tokens: int
-
-
-class JobTimings(BaseModel):
-    queued_at: float | None = None
-    started_at: float | None = None
-    first_token_at: float | None = None
-    finished_at: float | None = None
-    queue_seconds: float | None = None
-    ttft_seconds: float | None = None
-
-
-class JobPublic(BaseModel):
-    id: str
-    object: Literal["job"] = "job"
-    status: JobStatus
-    bucket: str
-    priority: Priority
-    created_at: float
-    result: JobResult | None = None
-    usage: JobUsage
-    timings: JobTimings
-    attempts: int
-    error: str | None = None
-    metadata: dict[str, str] | None = None
-    webhook: dict[str, Any] | None = None
-
-
-class ErrorBody(BaseModel):
-    error: dict[str, Any]
-
-
-def _float(record: dict[str, str], key: str) -> float | None:
-    value = record.get(key)
-    return float(value) if value else None
-
-
-def job_public(record: dict[str, str]) -> JobPublic:
-    """The API view of a job record from Redis."""
-    status = JobStatus(record["status"])
-    queued_at, started = _float(record, "queued_at"), _float(record, "started_at")
-    first = _float(record, "first_token_at")
-    result = None
-    if status.is_terminal or record.get("text"):
-        result = JobResult(
-            text=record.get("text", ""), finish_reason=record.get("finish_reason") or None
-        )
-    webhook = None
-    if record.get("webhook_url"):
-        webhook = {
-            "url": record["webhook_url"],
-            "attempts": int(record.get("webhook_attempts") or 0),
-            "status": record.get("webhook_status") or "pending",
-        }
-    return JobPublic(
-        id=record["id"],
-        status=status,
-        bucket=record["bucket"],
-        priority=Priority(record["priority"]),
-        created_at=float(record["created_at"]),
-        result=result,
-        usage=JobUsage(
-            prompt_tokens=int(record.get("prompt_tokens") or 0),
-            completion_tokens=int(record.get("completion_tokens") or 0),
-        ),
-        timings=JobTimings(
-            queued_at=queued_at,
-            started_at=started,
-            first_token_at=first,
-            finished_at=_float(record, "finished_at"),
-            queue_seconds=started - queued_at if started and queued_at else None,
-            ttft_seconds=first - queued_at if first and queued_at else None,
-        ),
-        attempts=int(record.get("attempts") or 0),
-        error=record.get("error") or None,
-        metadata=json.loads(record["metadata"]) if record.get("metadata") else None,
-        webhook=webhook,
-    )

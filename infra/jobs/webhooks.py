@@ -31,7 +31,7 @@ import redis
 from standardwebhooks import Webhook
 
 from infra.jobs.celery_app import celery_app
-from infra.jobs.schemas import job_public
+from infra.jobs.public import job_public, public_batch
 from infra.jobs.webhook_policy import Decision, Verdict, decide
 from infra.jobs.webhook_store import Delivery, WebhookStore
 from infra.settings import Settings, get_settings
@@ -152,8 +152,6 @@ def receiver_of(url: str) -> str:
 
 def _payload(kind: str, record: dict[str, str]) -> bytes:
     if kind == "batch":
-        from infra.batches.batches import public_batch
-
         return json.dumps(public_batch(record)).encode()
     return job_public(record).model_dump_json().encode()
 

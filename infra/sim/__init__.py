@@ -1,1 +1,11 @@
-"""The fleet simulator: traces, the service model, the event loop, policies."""
+"""The fleet simulator (``tide simulate``, docs/simulator.md), a policy judged on GPU-hours
+and queue wait before it runs for real:
+
+- traces.py: the jobs (built-in seeded traces, job trace files), bucketed;
+- service_model.py: how fast a worker serves its batch (planner roofline or measured curve);
+- worker.py: one worker, processor sharing over its running jobs;
+- simulation.py: the event loop for one policy over one trace;
+- policies.py: tide (infra.fleet.autoscale.decide), list_length (KEDA-style), static_peak;
+- results.py: what a run comes to (GPU-hours, waits, SLOs);
+- compare.py: simulate(), every policy over the same trace.
+"""

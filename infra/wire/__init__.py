@@ -1,1 +1,2 @@
-"""The wire: job schema, queues, Redis keys, the job store and its scripts, backlog. Torch-free."""
+"""The wire: job schema, queues, Redis keys, the job store and its scripts, backlog,
+heartbeats. Torch-free."""

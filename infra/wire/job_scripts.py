@@ -29,7 +29,7 @@ local function backlog(jobkey, job_id, add)
 end
 
 -- A batch job reaching a terminal state counts once in its batch's record, so the batch
--- supervisor need not read every line's status each pass (infra/batches/batches.py).
+-- supervisor need not read every line's status each pass (infra/batches/supervise.py).
 local function batch_terminal(jobkey, status)
   local b = redis.call('HGET', jobkey, 'batch_id')
   if b and b ~= '' then

@@ -20,9 +20,9 @@ from typing import Any
 import redis
 
 from infra.wire import job_scripts as lua
+from infra.wire.codec import decode_hash, encode_value
 from infra.wire.protocol import BUCKETS, JobStatus, Keys, Priority, queue_name
-
-_CREATE = lua.CREATE  # gateway/deps.py registers it on its async client
+from infra.wire.queues import UNACKED, UNACKED_INDEX
 
 # A job lost this many times max_attempts before it ever started fails: a poison job can
 # kill its worker before the start mark is written.
@@ -46,7 +46,7 @@ class NewJob:
         job_id, tenant = self.fields["id"], self.fields["tenant"]
         flat: list[Any] = []
         for k, v in {**self.fields, "queue": self.queue, "message": self.message}.items():
-            flat += [k, _encode(v)]
+            flat += [k, encode_value(v)]
         keys = [
             Keys.job(job_id),
             Keys.idempotency(tenant, self.idempotency_key or "-"),
@@ -75,9 +75,6 @@ class NewJob:
             "bucket": f["bucket"],
             "created_at": repr(f["created_at"]),
         }
-
-
-KOMBU_UNACKED, KOMBU_UNACKED_INDEX = "unacked", "unacked_index"  # kombu's Redis defaults
 
 
 class LimitExceeded(Exception):
@@ -112,7 +109,7 @@ class JobStore:
         raw = self.r.hgetall(Keys.job(job_id))
         if not raw:
             return None
-        return {k.decode(): v.decode() for k, v in raw.items()}
+        return decode_hash(raw)
 
     def acquire(
         self, job_id: str, worker_id: str, lease_seconds: float
@@ -161,7 +158,7 @@ class JobStore:
         pipeline, queued there."""
         args = [token]
         for k, v in fields.items():
-            args += [k, _encode(v)]
+            args += [k, encode_value(v)]
         if client is not None:
             return self._update(keys=[Keys.job(job_id)], args=args, client=client)
         return bool(self._update(keys=[Keys.job(job_id)], args=args))
@@ -181,7 +178,7 @@ class JobStore:
         there and its result (1 or 0) comes from the pipeline's execute()."""
         args: list[Any] = [token, job_id, events_ttl, "status", status.value]
         for k, v in fields.items():
-            args += [k, _encode(v)]
+            args += [k, encode_value(v)]
         keys = [Keys.job(job_id), Keys.leases, Keys.tenant_active(tenant), Keys.events(job_id)]
         if client is not None:
             return self._finish(keys=keys, args=args, client=client)
@@ -247,8 +244,8 @@ class JobStore:
         now = time.time() if now is None else now
         job_queues = {queue_name(b, p) for b in BUCKETS for p in Priority}
         restored = []
-        for tag in self.r.zrangebyscore(KOMBU_UNACKED_INDEX, "-inf", now - older_than):
-            raw = self.r.hget(KOMBU_UNACKED, tag)
+        for tag in self.r.zrangebyscore(UNACKED_INDEX, "-inf", now - older_than):
+            raw = self.r.hget(UNACKED, tag)
             if raw is None:
                 continue
             envelope, _exchange, routing_key = json.loads(raw)
@@ -256,19 +253,7 @@ class JobStore:
                 continue  # a Celery task, not a job
             body = json.loads(base64.b64decode(envelope["body"]))
             job_id = body.get("job_id", "")
-            keys = [KOMBU_UNACKED, KOMBU_UNACKED_INDEX, Keys.job(job_id), routing_key]
+            keys = [UNACKED, UNACKED_INDEX, Keys.job(job_id), routing_key]
             if self._restore(keys=keys, args=[tag, json.dumps(envelope)]):
                 restored.append(job_id)
         return restored
-
-
-def _encode(value: Any) -> str:
-    if isinstance(value, str):
-        return value
-    if value is None:
-        return ""
-    if isinstance(value, bool):
-        return "1" if value else "0"
-    if isinstance(value, int | float):
-        return repr(value)
-    return json.dumps(value)

@@ -55,8 +55,6 @@ def consume_order(buckets: list[str]) -> list[str]:
 class Keys:
     """The Redis key schema, in one place."""
 
-    prefix = "tide"
-
     @staticmethod
     def job(job_id: str) -> str:
         return f"tide:job:{job_id}"

@@ -17,6 +17,10 @@ from typing import Any
 
 from infra.wire.protocol import JobMessage, Keys
 
+# kombu's Redis transport defaults: taken, unacknowledged messages (tag -> message) and
+# their take times. Workers write them here; ``JobStore.restore_stranded`` reads them.
+UNACKED, UNACKED_INDEX = "unacked", "unacked_index"
+
 
 def encode(message: JobMessage, queue: str) -> str:
     """A kombu Redis-transport message for ``queue`` (default exchange, priority 0)."""
@@ -57,8 +61,6 @@ for i = 3, #KEYS do
 end
 return out
 """
-
-UNACKED, UNACKED_INDEX = "unacked", "unacked_index"  # kombu's Redis transport defaults
 
 
 @dataclass

@@ -6,7 +6,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from gateway.app import create_app
-from infra.doctor.doctor import Scrape
+from infra.doctor.scrape import Scrape
 from infra.settings import Settings
 
 A = {"Authorization": "Bearer key-a"}

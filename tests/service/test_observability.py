@@ -7,7 +7,7 @@ import json
 import httpx
 import pytest
 
-from infra.doctor.doctor import Scrape
+from infra.doctor.scrape import Scrape
 from tests.service.conftest import wait_done, wait_for
 
 pytestmark = pytest.mark.slow

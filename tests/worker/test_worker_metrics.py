@@ -9,7 +9,7 @@ import pytest
 from prometheus_client import generate_latest
 from pydantic import ValidationError
 
-from infra.doctor.doctor import Scrape
+from infra.doctor.scrape import Scrape
 from infra.settings import Settings
 from tests.conftest import make_engine
 from worker.engine import SamplingParams

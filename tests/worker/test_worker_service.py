@@ -8,7 +8,7 @@ import time
 import httpx
 import pytest
 
-from infra.doctor.doctor import Scrape
+from infra.doctor.scrape import Scrape
 from infra.settings import Settings
 from infra.wire.protocol import Keys
 from tests.conftest import make_engine

@@ -143,9 +143,6 @@ class BlockManager:
             self.prefix_hits += len(hits) * bs
         return hits
 
-    def can_allocate(self, num_blocks: int) -> bool:
-        return num_blocks <= self.num_free_blocks
-
     def allocate_slots(
         self, request: Request, num_new_tokens: int, computed_blocks: Sequence[Block] = ()
     ) -> bool:

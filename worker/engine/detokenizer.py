@@ -5,7 +5,8 @@ A window of a few previous tokens is decoded with the new one so that tokenizers
 treat the start of a string specially (a stripped leading space, byte-fallback pieces
 of one character) produce the same text as a full decode. Text that ends in an
 incomplete UTF-8 character waits for the next token; text that could still turn into
-a stop string is held back until it cannot.
+a stop string is held back until it cannot. Stop strings are looked for only from the
+token after ``min_tokens`` on (as vLLM does), and then in the new text.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ class IncrementalDetokenizer:
         decode: Callable[[list[int]], str],
         prompt_token_ids: Sequence[int],
         stop: Sequence[str] = (),
+        min_tokens: int = 0,
     ) -> None:
         self._decode = decode
         self._tokens = list(prompt_token_ids[-CONTEXT_TOKENS:])
@@ -31,6 +33,8 @@ class IncrementalDetokenizer:
         self._holdback = max((len(s) for s in self._stop), default=1) - 1
         self.text = ""
         self._num_emitted = 0
+        self._min_tokens = min_tokens
+        self._num_added = 0
         self.stopped = False
 
     def add_token(self, token_id: int) -> None:
@@ -38,6 +42,7 @@ class IncrementalDetokenizer:
         if self.stopped:
             return
         self._tokens.append(token_id)
+        self._num_added += 1
         prefix_text = self._decode(self._tokens[self._prefix_offset : self._read_offset])
         new_text = self._decode(self._tokens[self._prefix_offset :])
         if len(new_text) > len(prefix_text) and not new_text.endswith(REPLACEMENT_CHAR):
@@ -67,6 +72,8 @@ class IncrementalDetokenizer:
             return
         start = max(0, len(self.text) - self._holdback)
         self.text += delta
+        if self._num_added <= self._min_tokens:
+            return
         best = -1
         for stop in self._stop:
             i = self.text.find(stop, start)

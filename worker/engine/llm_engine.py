@@ -10,74 +10,24 @@ import itertools
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from worker.engine.block_manager import BlockManager
 from worker.engine.config import EngineConfig
 from worker.engine.detokenizer import IncrementalDetokenizer
+from worker.engine.grammar import GrammarMatchers, PendingMasks
 from worker.engine.model_runner import ModelRunner
-from worker.engine.request import Request, RequestTimings
+from worker.engine.outputs import RequestOutput, StepStats
+from worker.engine.request import Request, TokenLogprob
 from worker.engine.sampler import Sampler
 from worker.engine.sampling_params import Priority, SamplingParams
-from worker.engine.scheduler import Scheduler
+from worker.engine.scheduler import ScheduledRequest, Scheduler
 from worker.models.llama import LlamaModel
 from worker.models.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
-
-@dataclass
-class RequestOutput:
-    """What one step produced for one request. Deltas concatenate to the final text."""
-
-    request_id: str
-    new_token_ids: list[int]
-    delta_text: str
-    finished: bool = False
-    finish_reason: str | None = None  # stop | length | abort | error
-    error: str | None = None
-    # Filled when finished:
-    prompt_token_ids: list[int] = field(default_factory=list)
-    token_ids: list[int] = field(default_factory=list)
-    text: str = ""
-    timings: RequestTimings | None = None
-
-
-@dataclass
-class StepStats:
-    """What one model step did, for metrics (worker/metrics.py turns it into MFU/MBU).
-
-    kv_tokens_read: KV positions attention read (each row's whole context);
-    attn_context_sum: over every token, the positions it attended to (its FLOPs).
-    """
-
-    num_seqs: int = 0
-    num_sampled: int = 0
-    num_decode_tokens: int = 0  # one-token rows of requests past their prompt
-    num_prefill_tokens: int = 0  # prompt chunks, and recomputation after a preemption
-    kv_tokens_read: int = 0
-    attn_context_sum: int = 0
-    duration_s: float = 0.0
-
-    @property
-    def num_tokens(self) -> int:
-        return self.num_decode_tokens + self.num_prefill_tokens
-
-    @property
-    def kind(self) -> str:
-        if not self.num_prefill_tokens:
-            return "decode"
-        return "prefill" if not self.num_decode_tokens else "mixed"
-
-    def add(self, num_tokens: int, start_pos: int, is_decode: bool) -> None:
-        self.num_seqs += 1
-        if is_decode:
-            self.num_decode_tokens += num_tokens
-        else:
-            self.num_prefill_tokens += num_tokens
-        self.kv_tokens_read += start_pos + num_tokens
-        self.attn_context_sum += num_tokens * start_pos + num_tokens * (num_tokens + 1) // 2
+__all__ = ["LLMEngine", "RequestOutput", "StepHook", "StepStats"]
 
 
 StepHook = Callable[[StepStats | None, list[RequestOutput]], None]
@@ -103,6 +53,11 @@ class LLMEngine:
             self.eos_token_ids = set(tokenizer.eos_token_ids)
         else:
             self.eos_token_ids = set(model.config.eos_token_ids)
+        self.grammar: GrammarMatchers | None = None  # structured outputs; needs a tokenizer
+        if tokenizer is not None:
+            eos = sorted(self.eos_token_ids)
+            self.grammar = GrammarMatchers(tokenizer.to_json(), model.config.vocab_size, eos)
+            self.grammar.overlap = model.device.type == "cuda"  # see worker/engine/grammar.py
         self.requests: dict[str, Request] = {}
         self._detoks: dict[str, IncrementalDetokenizer] = {}
         self._pending: list[RequestOutput] = []
@@ -150,6 +105,12 @@ class LLMEngine:
                 f"prompt ({num_prompt_tokens} tokens) + max_tokens ({params.max_tokens}) = "
                 f"{total} exceeds the KV cache capacity of {self.kv_capacity_tokens} tokens"
             )
+        vocab = self.model.config.vocab_size
+        bad = next((t for t in params.logit_bias or () if t >= vocab), None)
+        if bad is not None:
+            raise ValueError(f"logit_bias token id {bad} is outside the vocabulary [0, {vocab})")
+        if params.structured is not None and self.grammar is None:
+            raise ValueError("structured output needs the model's tokenizer")
 
     def can_admit(
         self, num_prompt_tokens: int, max_tokens: int, prompt_token_ids: list[int] | None = None
@@ -171,6 +132,9 @@ class LLMEngine:
         bad = next((t for t in prompt_token_ids if not 0 <= t < vocab), None)
         if bad is not None:
             raise ValueError(f"prompt token id {bad} is outside the vocabulary [0, {vocab})")
+        if params.structured is not None:
+            assert self.grammar is not None
+            self.grammar.add(request_id, params.structured)  # ValueError for a bad grammar
         request = Request(request_id, prompt_token_ids, params, priority, next(self._arrivals))
         explicit = params.stop_token_ids
         stops = set(explicit) if explicit is not None else set(self.eos_token_ids)
@@ -180,7 +144,7 @@ class LLMEngine:
         self.requests[request_id] = request
         if self.tokenizer is not None:
             self._detoks[request_id] = IncrementalDetokenizer(
-                self.tokenizer.decode, prompt_token_ids, params.stop
+                self.tokenizer.decode, prompt_token_ids, params.stop, params.min_tokens
             )
         self.scheduler.add(request)
 
@@ -213,8 +177,13 @@ class LLMEngine:
         if sched.is_empty:
             return outputs
         self.counters["steps"] += 1
+        pending = self._start_masks(sched.scheduled)
         try:
             result = self.runner.execute(sched)
+            masks = None
+            if pending is not None:
+                assert self.grammar is not None
+                masks = self.grammar.wait(pending, result.sampled_ids)
         except Exception as e:
             log.exception("model step failed; failing its %d requests", len(sched.scheduled))
             for s in sched.scheduled:
@@ -231,18 +200,19 @@ class LLMEngine:
                 0, min(s.context_len, n_prompt) - min(s.start_pos, n_prompt)
             )
             self.block_manager.cache_full_blocks(request)
-        params = [self.requests[i].params for i in result.sampled_ids]
-        tokens = self.sampler.sample(result.logits, result.sampled_ids, params)
+        requests = [self.requests[i] for i in result.sampled_ids]
+        sampled = self.sampler.sample(result.logits, requests, masks)
         self.last_step = stats
         now = time.time()
-        for request_id, token in zip(result.sampled_ids, tokens, strict=True):
-            request = self.requests[request_id]
+        for request, token, logprob in zip(
+            requests, sampled.token_ids, sampled.logprobs, strict=True
+        ):
             try:
                 if isinstance(token, Exception):
                     raise token
-                outputs.append(self._process_token(request, token, now))
+                outputs.append(self._process_token(request, token, logprob, now))
             except Exception as e:
-                log.exception("request %s failed", request_id)
+                log.exception("request %s failed", request.request_id)
                 self._finish(request, "error", f"{type(e).__name__}: {e}")
         return outputs + self._pending_take()
 
@@ -250,27 +220,44 @@ class LLMEngine:
         out, self._pending = self._pending, []
         return out
 
-    def _process_token(self, request: Request, token: int, now: float) -> RequestOutput:
-        request.append_token(token)
+    def _start_masks(self, scheduled: list[ScheduledRequest]) -> PendingMasks | None:
+        """Grammar masks for the constrained rows that sample this step, computed while
+        the model runs."""
+        if self.grammar is None or not self.grammar.num_matchers:
+            return None
+        return self.grammar.start_masks([s.request_id for s in scheduled if s.sample])
+
+    def _process_token(
+        self, request: Request, token: int, logprob: TokenLogprob | None, now: float
+    ) -> RequestOutput:
+        request.append_token(token, logprob)
         self.counters["generation_tokens"] += 1
         if request.timings.first_token is None:
             request.timings.first_token = now
         params = request.params
         detok = self._detoks.get(request.request_id)
         reason = None
+        grammar_done = False
+        if params.structured is not None:
+            assert self.grammar is not None
+            grammar_done = self.grammar.accept(request.request_id, token)
         if token in request.stop_token_ids:
             reason = "stop"
         elif detok is not None:
             detok.add_token(token)
             if detok.stopped:
                 reason = "stop"
+        if reason is None and grammar_done:
+            reason = "stop"
         if reason is None and request.num_output_tokens >= params.max_tokens:
             reason = "length"
+        new_logprobs = [logprob] if logprob is not None else []
         if reason is None:
             delta = detok.take_delta(final=False) if detok else ""
-            return RequestOutput(request.request_id, [token], delta)
+            return RequestOutput(request.request_id, [token], delta, new_logprobs=new_logprobs)
         out = self._finish(request, reason, queue=False)
         out.new_token_ids = [token]
+        out.new_logprobs = new_logprobs
         return out
 
     def _finish(
@@ -278,6 +265,8 @@ class LLMEngine:
     ) -> RequestOutput:
         self.scheduler.finish(request)
         self.sampler.forget(request.request_id)
+        if self.grammar is not None:
+            self.grammar.remove(request.request_id)
         self.requests.pop(request.request_id, None)
         request.finish_reason, request.error = reason, error
         request.timings.finished = time.time()
@@ -298,6 +287,7 @@ class LLMEngine:
             token_ids=request.output_token_ids,
             text=detok.text if detok else "",
             timings=request.timings,
+            logprobs=request.output_logprobs if request.params.logprobs is not None else None,
         )
         if queue:
             self._pending.append(out)

@@ -16,6 +16,19 @@ class RequestStatus(enum.Enum):
 
 
 @dataclass
+class TokenLogprob:
+    """A sampled token's logprob and the top alternatives {token id: logprob}, best first.
+
+    Raw model logprobs: log_softmax of the logits before bias, penalties, grammar mask and
+    temperature (see SamplingParams.logprobs).
+    """
+
+    token_id: int
+    logprob: float
+    top_logprobs: dict[int, float] = field(default_factory=dict)
+
+
+@dataclass
 class RequestTimings:
     """Wall-clock seconds (time.time()) at each milestone; None until reached."""
 
@@ -44,6 +57,7 @@ class Request:
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
         self.output_token_ids: list[int] = []
+        self.output_logprobs: list[TokenLogprob] = []  # when params.logprobs is set
         self.all_token_ids = list(prompt_token_ids)
         self.params = params
         self.priority = priority
@@ -69,10 +83,6 @@ class Request:
         return len(self.output_token_ids)
 
     @property
-    def max_total_tokens(self) -> int:
-        return self.num_prompt_tokens + self.params.max_tokens
-
-    @property
     def is_finished(self) -> bool:
         return self.status is RequestStatus.FINISHED
 
@@ -80,9 +90,11 @@ class Request:
         """Interactive before batch, first come first served within a class."""
         return (int(self.priority), self.arrival_seq)
 
-    def append_token(self, token_id: int) -> None:
+    def append_token(self, token_id: int, logprob: TokenLogprob | None = None) -> None:
         self.output_token_ids.append(token_id)
         self.all_token_ids.append(token_id)
+        if logprob is not None:
+            self.output_logprobs.append(logprob)
 
     def __repr__(self) -> str:
         return (

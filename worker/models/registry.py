@@ -6,15 +6,16 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
+
+from infra.settings import get_settings
 
 DEFAULT_SEED = 0
 DUMMY_FORMAT = 2  # bump when save_dummy writes something new, so stale caches are rebuilt
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("TIDE_CACHE_DIR") or Path.home() / ".cache" / "tide")
+    return get_settings().cache_dir
 
 
 def parse_dummy(model: str) -> tuple[str, int] | None:

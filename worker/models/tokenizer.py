@@ -42,6 +42,11 @@ class Tokenizer:
         text: str = self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
         return text
 
+    def to_json(self) -> str:
+        """The tokenizer.json text (the grammar library reads each token's bytes from it)."""
+        text: str = self._tok.to_str()
+        return text
+
 
 def _read_json(path: Path) -> dict[str, Any]:
     if not path.is_file():

@@ -91,19 +91,3 @@ def test_a_tiny_scenario_runs_both_arms(tmp_path, tiny_path, capsys):
     assert report["comparison"]["ratio"] > 0
     assert (tmp_path / "logs" / "static" / "worker-0.log").is_file()
     assert (tmp_path / "timeline.png").is_file()
-
-
-def test_flags_override_the_scenario_workload_which_overrides_the_general_defaults():
-    from infra.cli.bench import workload_spec
-    from infra.cli.main import build_parser
-
-    defaults = scenarios.build("buckets", 512).workload
-    spec = workload_spec(build_parser().parse_args(["bench"]), 512, defaults)
-    assert (spec.num_requests, spec.request_rate, spec.burstiness) == (300, 20.0, 0.4)
-    short, long_ = spec.classes
-    assert (short.share, short.max_total, long_.max_total) == (0.8, 128, 512)
-    args = build_parser().parse_args(["bench", "--burstiness", "2", "--long-fraction", "0"])
-    spec = workload_spec(args, 512, defaults)
-    assert spec.burstiness == 2.0 and [c.name for c in spec.classes] == ["short"]
-    general = workload_spec(build_parser().parse_args(["bench"]), 512, {})
-    assert (general.num_requests, general.request_rate, general.burstiness) == (50, 5.0, 1.0)

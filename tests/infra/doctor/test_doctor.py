@@ -8,8 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from infra.cli.doctor import load, save, snapshot
-from infra.doctor.doctor import Scrape, Snapshot, Thresholds, diagnose, histogram_quantile
+from infra.doctor.collect import load, save, snapshot
+from infra.doctor.rules import RULES, Thresholds, diagnose
+from infra.doctor.scrape import Scrape, histogram_quantile
+from infra.doctor.snapshot import Snapshot
+from infra.wire.heartbeats import Heartbeat
 
 SNAPSHOTS = Path(__file__).parent / "snapshots"
 CASES = sorted(p.name for p in SNAPSHOTS.iterdir() if p.is_dir())
@@ -21,8 +24,6 @@ def findings(case: str):
 
 
 def test_every_rule_has_a_recording():
-    from infra.doctor.doctor import RULES
-
     assert {r.__name__ for r in RULES} | {"healthy"} == set(CASES)
 
 
@@ -120,13 +121,27 @@ def test_save_then_load_round_trips(tmp_path):
         {"gateway": 'tide:backlog_jobs{bucket="short"} 1\n', "worker:w-1": "tide:mbu_ema 0.5\n"},
         {"gateway": 'tide:backlog_jobs{bucket="short"} 2\n', "worker:w-1": "tide:mbu_ema 0.6\n"},
     ]
-    infos = {"w-1": {"buckets": "short", "pool": "p"}}
+    beats = {"w-1": Heartbeat(worker_id="w-1", pool="p", buckets=("short",))}
+    infos = {w: b.to_hash() for w, b in beats.items()}
     save(tmp_path, texts, {"interval_s": 2.0, "at": [10.0, 12.0], "workers": infos})
     before, after, interval = load(tmp_path)
     assert interval == 2.0 and after.at == 12.0
     assert after.workers["w-1"].total("tide:mbu_ema") == 0.6
     assert before.gateway is not None and before.gateway.by_label("tide:backlog_jobs", "bucket")
-    assert snapshot(texts[1], infos, 12.0).worker_info == infos
+    assert after.worker_info == beats
+    assert snapshot(texts[1], beats, 12.0).worker_info == beats
+
+
+def test_a_hand_written_heartbeat_loads_with_defaults():
+    _, after, _ = load(SNAPSHOTS / "unserved_bucket")
+    beat = after.worker_info["default-host-1"]
+    assert (beat.worker_id, beat.pool, beat.buckets) == (
+        "default-host-1",
+        "default",
+        ("short", "medium"),
+    )
+    assert beat.metrics_url == "http://127.0.0.1:9401/metrics"
+    assert beat.held == 0 and beat.idle_since is None and not beat.draining
 
 
 def test_load_names_what_is_missing(tmp_path):

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from infra.fleet.actuators import AwsActuator
+from infra.fleet.aws_actuator import AwsActuator
 from infra.fleet.aws_lifecycle import LifecycleWatcher
 from infra.fleet.controller import Controller
 from infra.fleet.fleet_config import parse_fleet

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import redis
 
-from infra.fleet.actuators import LocalActuator
 from infra.fleet.controller import Controller
 from infra.fleet.fleet_config import parse_fleet
+from infra.fleet.local_actuator import LocalActuator
 from infra.fleet.redis_server import EmbeddedRedis
 from infra.jobs.schemas import JobCreate
 from infra.jobs.submission import ModelInfo, build_job

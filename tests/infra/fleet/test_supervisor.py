@@ -109,29 +109,3 @@ def _alive(pid: int) -> bool:
             return f.read().split(") ")[1][0] != "Z"  # a zombie (init reaps it) is gone
     except FileNotFoundError:
         return False
-
-
-def test_local_worker_ids_are_never_reused_across_runs(monkeypatch, tmp_path):
-    """A stale `tide:drain:default-local-1` from an earlier run (kept in the AOF) drained
-    every new worker 3 s after it started: ids now carry the run, so none is reused."""
-    from infra.fleet import actuators
-    from infra.fleet.fleet_config import local_default_fleet
-
-    class Popen:  # record the argv instead of starting a worker
-        pid = 0
-
-        def __init__(self, argv, **kwargs):  # type: ignore[no-untyped-def]
-            self.argv = argv
-
-        def poll(self) -> None:
-            return None
-
-    monkeypatch.setattr(actuators.subprocess, "Popen", Popen)
-    fleet = local_default_fleet(0, 2)
-    ids = []
-    for _ in range(2):  # two runs of `tide up`
-        a = actuators.LocalActuator(fleet, env={})
-        a.launch(fleet.pools["default"], 2)
-        ids += list(a.procs["default"])
-    assert len(set(ids)) == 4, ids
-    assert all(i.startswith("default-local-") for i in ids)

@@ -8,6 +8,7 @@ import time
 
 import redis
 
+from infra.wire.codec import decode_hash
 from infra.wire.jobstore import JobStore, NewJob
 from infra.wire.protocol import JobStatus, Keys
 
@@ -111,10 +112,7 @@ def test_a_completed_job_counts_the_attempt_that_produced_it(redis_client):
 
 
 def _events(client: redis.Redis, job_id: str) -> list[dict[str, str]]:
-    return [
-        {k.decode(): v.decode() for k, v in fields.items()}
-        for _, fields in client.xrange(Keys.events(job_id))
-    ]
+    return [decode_hash(fields) for _, fields in client.xrange(Keys.events(job_id))]
 
 
 def test_jobs_the_reaper_ends_publish_a_done_event(redis_client):

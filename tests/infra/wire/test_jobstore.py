@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import time
 
+from infra.wire import queues
 from infra.wire.backlog import read_backlog
 from infra.wire.jobstore import JobStore, NewJob
-from infra.wire.protocol import JobStatus, Keys
+from infra.wire.protocol import JobMessage, JobStatus, Keys
+from infra.wire.queues import Taker
 
 
 def _create(store: JobStore, job_id: str = "job_x") -> None:
@@ -69,9 +71,6 @@ def test_refresh_reports_cancel_requests_and_lost_leases(redis_client):
 
 
 def _queued_with_message(store: JobStore, job_id: str, q: str) -> None:
-    from infra.wire import queues
-    from infra.wire.protocol import JobMessage
-
     fields = {"id": job_id, "tenant": "t", "status": "queued", "bucket": "short",
               "priority": "interactive", "created_at": time.time()}  # fmt: skip
     message = queues.encode(JobMessage(job_id, "short", "interactive", 3, 3), q)
@@ -79,8 +78,6 @@ def _queued_with_message(store: JobStore, job_id: str, q: str) -> None:
 
 
 def test_a_message_taken_but_never_started_goes_back(redis_client):
-    from infra.wire.queues import Taker
-
     store = JobStore(redis_client)
     q = "tide.short.interactive"
     _queued_with_message(store, "job_s", q)
@@ -99,8 +96,6 @@ def test_a_message_taken_but_never_started_goes_back(redis_client):
 
 def test_taker_is_kombu_compatible_and_gives_back_in_order(redis_client, redis_server):
     import kombu
-
-    from infra.wire.queues import Taker
 
     store = JobStore(redis_client)
     q = "tide.short.interactive"

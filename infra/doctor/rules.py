@@ -3,67 +3,24 @@
 Pure and torch-free: `diagnose(before, after, interval_s)` reads parsed Prometheus text
 (the gateway's, the controller's and each worker's /metrics) and returns findings, each
 with the numbers that triggered it and the knob to turn. Collecting the snapshots (HTTP,
-Redis) is infra/cli/doctor.py's job; docs/observability.md explains every rule.
+Redis) is infra/doctor/collect.py's job; docs/observability.md explains every rule.
 """
 
 from __future__ import annotations
 
-import math
-from collections import defaultdict
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
-from prometheus_client.parser import text_string_to_metric_families
-
-Labels = dict[str, str]
-
-
-@dataclass
-class Scrape:
-    """One target's samples, by sample name (`x_total`, `x_bucket`, ...)."""
-
-    samples: dict[str, list[tuple[Labels, float]]] = field(default_factory=dict)
-
-    @classmethod
-    def parse(cls, text: str) -> Scrape:
-        samples: dict[str, list[tuple[Labels, float]]] = defaultdict(list)
-        for family in text_string_to_metric_families(text):
-            for s in family.samples:
-                samples[s.name].append((dict(s.labels), float(s.value)))
-        return cls(dict(samples))
-
-    def total(self, name: str, **match: str) -> float | None:
-        """Sum of the samples whose labels match; None when the series is absent."""
-        rows = [v for labels, v in self.samples.get(name, []) if _matches(labels, match)]
-        return sum(rows) if rows else None
-
-    def by_label(self, name: str, label: str) -> dict[str, float]:
-        out: dict[str, float] = defaultdict(float)
-        for labels, v in self.samples.get(name, []):
-            out[labels.get(label, "")] += v
-        return dict(out)
-
-    def buckets(self, name: str) -> dict[float, float]:
-        """A histogram's cumulative counts by upper bound, summed over its label sets."""
-        out: dict[float, float] = defaultdict(float)
-        for labels, v in self.samples.get(f"{name}_bucket", []):
-            out[float(labels["le"])] += v
-        return dict(out)
-
-
-def _matches(labels: Labels, match: dict[str, str]) -> bool:
-    return all(labels.get(k) == v for k, v in match.items())
-
-
-@dataclass
-class Snapshot:
-    """Everything read at one moment. worker_info: each worker's heartbeat (pool, buckets)."""
-
-    at: float = 0.0
-    gateway: Scrape | None = None
-    controller: Scrape | None = None
-    workers: dict[str, Scrape] = field(default_factory=dict)
-    worker_info: dict[str, dict[str, str]] = field(default_factory=dict)
+from infra.doctor.scrape import Scrape, histogram_quantile
+from infra.doctor.snapshot import (
+    Snapshot,
+    counter_increase,
+    histogram_counts,
+    oldest_age,
+    queue_jobs,
+    served_buckets,
+    worker_increase,
+)
 
 
 @dataclass
@@ -91,79 +48,9 @@ class Thresholds:
     min_samples: int = 5  # histogram observations needed before judging a quantile
 
 
-# -- arithmetic over snapshots --------------------------------------------------------------
-
-
-def histogram_quantile(q: float, buckets: dict[float, float]) -> float | None:
-    """Prometheus's estimate: linear within the bucket holding the q-th observation."""
-    ordered = sorted(buckets.items())
-    if not ordered or ordered[-1][1] <= 0:
-        return None
-    rank = q * ordered[-1][1]
-    prev_le, prev_count = 0.0, 0.0
-    for le, count in ordered:
-        if count >= rank:
-            if math.isinf(le):
-                return prev_le
-            if count == prev_count:
-                return le
-            return prev_le + (le - prev_le) * (rank - prev_count) / (count - prev_count)
-        prev_le, prev_count = le, count
-    return prev_le
-
-
-def _delta(before: float | None, after: float | None) -> float:
-    """Counter increase; a counter that went down restarted, so all of `after` is new."""
-    if after is None:
-        return 0.0
-    if before is None or after < before:
-        return after
-    return after - before
-
-
-def _worker_delta(before: Snapshot, after: Snapshot, name: str) -> float:
-    return sum(
-        _delta(before.workers[w].total(name) if w in before.workers else None, s.total(name))
-        for w, s in after.workers.items()
-    )
-
-
-def _hist(before: Snapshot, after: Snapshot, name: str, window: bool) -> dict[float, float]:
-    """Histogram counts summed over workers: observed within the interval, or ever."""
-    out: dict[float, float] = defaultdict(float)
-    for w, scrape in after.workers.items():
-        now = scrape.buckets(name)
-        then = before.workers[w].buckets(name) if window and w in before.workers else {}
-        restarted = any(now.get(le, 0.0) < c for le, c in then.items())
-        for le, count in now.items():
-            out[le] += count if restarted else count - then.get(le, 0.0)
-    return dict(out)
-
-
 def _q(buckets: dict[float, float], q: float, th: Thresholds) -> float | None:
     count = max(buckets.values(), default=0.0)
     return histogram_quantile(q, buckets) if count >= th.min_samples else None
-
-
-def queue_jobs(snap: Snapshot) -> dict[str, float]:
-    """Queued jobs per bucket: the gateway's reading, else the controller's."""
-    for scrape, name in (
-        (snap.gateway, "tide:backlog_jobs"),
-        (snap.controller, "tide:controller_queue_jobs"),
-    ):
-        if scrape is not None and name in scrape.samples:
-            return scrape.by_label(name, "bucket")
-    return {}
-
-
-def oldest_age(snap: Snapshot) -> dict[str, float]:
-    for scrape, name in (
-        (snap.gateway, "tide:backlog_oldest_job_age_seconds"),
-        (snap.controller, "tide:controller_oldest_job_age_seconds"),
-    ):
-        if scrape is not None and name in scrape.samples:
-            return scrape.by_label(name, "bucket")
-    return {}
 
 
 def _g(scrape: Scrape, name: str) -> float:
@@ -190,12 +77,8 @@ def diagnose(
     return findings
 
 
-def _served(snap: Snapshot) -> set[str]:
-    return {x for info in snap.worker_info.values() for x in info.get("buckets", "").split(",")}
-
-
 def unserved_bucket(b: Snapshot, a: Snapshot, dt: float, th: Thresholds) -> list[Finding]:
-    served = _served(a)
+    served = served_buckets(a)
     out = []
     for bucket, jobs in sorted(queue_jobs(a).items()):
         if jobs > 0 and bucket not in served:
@@ -203,7 +86,7 @@ def unserved_bucket(b: Snapshot, a: Snapshot, dt: float, th: Thresholds) -> list
                 "queued_jobs": jobs,
                 "oldest_job_age_s": _r(oldest_age(a).get(bucket)),
                 "workers": len(a.worker_info),
-                "served_buckets": sorted(served - {""}),
+                "served_buckets": sorted(served),
             }
             out.append(
                 Finding(
@@ -219,7 +102,7 @@ def unserved_bucket(b: Snapshot, a: Snapshot, dt: float, th: Thresholds) -> list
 
 
 def admission_too_tight(b: Snapshot, a: Snapshot, dt: float, th: Thresholds) -> list[Finding]:
-    served = _served(a) if a.worker_info else set(queue_jobs(a))  # unserved: its own rule
+    served = served_buckets(a) if a.worker_info else set(queue_jobs(a))  # unserved: its own rule
     before_q = sum(v for k, v in queue_jobs(b).items() if k in served)
     after_q = sum(v for k, v in queue_jobs(a).items() if k in served)
     if not a.workers or after_q <= before_q or after_q < 1:
@@ -256,7 +139,7 @@ def kv_bound(b: Snapshot, a: Snapshot, dt: float, th: Thresholds) -> list[Findin
     for w, s in sorted(a.workers.items()):
         kv = _g(s, "tide:kv_cache_usage_perc")
         then = b.workers[w].total("tide:num_preemptions_total") if w in b.workers else None
-        preempted = _delta(then, s.total("tide:num_preemptions_total"))
+        preempted = counter_increase(then, s.total("tide:num_preemptions_total"))
         if kv >= th.kv_full and preempted > 0:
             evidence = {
                 "kv_cache_usage_perc": round(kv, 3),
@@ -286,11 +169,11 @@ def bandwidth_bound(b: Snapshot, a: Snapshot, dt: float, th: Thresholds) -> list
         if mbu is None or mfu is None or mbu < th.mbu_high or mfu > th.mfu_low:
             continue
         then = b.workers.get(w, Scrape())
-        steps = _delta(
+        steps = counter_increase(
             then.total("tide:iteration_tokens_total_count"),
             s.total("tide:iteration_tokens_total_count"),
         )
-        tokens = _delta(
+        tokens = counter_increase(
             then.total("tide:iteration_tokens_total_sum"),
             s.total("tide:iteration_tokens_total_sum"),
         )
@@ -315,12 +198,12 @@ def bandwidth_bound(b: Snapshot, a: Snapshot, dt: float, th: Thresholds) -> list
 
 
 def prefill_starvation(b: Snapshot, a: Snapshot, dt: float, th: Thresholds) -> list[Finding]:
-    ttft = _hist(b, a, "tide:time_to_first_token_seconds", window=True)
-    itl = _hist(b, a, "tide:inter_token_latency_seconds", window=True)
+    ttft = histogram_counts(b, a, "tide:time_to_first_token_seconds", window=True)
+    itl = histogram_counts(b, a, "tide:inter_token_latency_seconds", window=True)
     ttft99, itl99 = _q(ttft, 0.99, th), _q(itl, 0.99, th)
     if ttft99 is None or itl99 is None or ttft99 < th.ttft_high_s or itl99 > th.itl_ok_s:
         return []
-    prefill = _hist(b, a, "tide:request_prefill_time_seconds", window=True)
+    prefill = histogram_counts(b, a, "tide:request_prefill_time_seconds", window=True)
     budgets = {int(_g(s, "tide:engine_max_num_batched_tokens")) for s in a.workers.values()}
     evidence = {
         "ttft_p50_s": _r(_q(ttft, 0.5, th)),
@@ -348,17 +231,14 @@ def cold_starts(b: Snapshot, a: Snapshot, dt: float, th: Thresholds) -> list[Fin
     if not a.workers or queued > 0 or (not queue_jobs(a) and not queue_jobs(b)):
         return []
     running = sum(_g(s, "tide:num_requests_running") for s in a.workers.values())
-    generated = _worker_delta(b, a, "tide:generation_tokens_total")
-    wait = _hist(b, a, "tide:request_queue_time_seconds", window=False)
+    generated = worker_increase(b, a, "tide:generation_tokens_total")
+    wait = histogram_counts(b, a, "tide:request_queue_time_seconds", window=False)
     wait99 = _q(wait, 0.99, th)
     if running > 0 or generated > 0 or wait99 is None or wait99 < th.cold_latency_s:
         return []
-    e2e = _hist(b, a, "tide:e2e_request_latency_seconds", window=False)
-    ages = [
-        a.at - s.total("process_start_time_seconds")
-        for s in a.workers.values()
-        if s.total("process_start_time_seconds")
-    ]
+    e2e = histogram_counts(b, a, "tide:e2e_request_latency_seconds", window=False)
+    starts = (s.total("process_start_time_seconds") for s in a.workers.values())
+    ages = [a.at - t for t in starts if t]
     evidence = {
         "queued_jobs": 0,
         "running": running,
@@ -384,7 +264,7 @@ def gateway_cpu_saturated(b: Snapshot, a: Snapshot, dt: float, th: Thresholds) -
     if a.gateway is None or b.gateway is None:
         return []
     cpu = (
-        _delta(
+        counter_increase(
             b.gateway.total("process_cpu_seconds_total"),
             a.gateway.total("process_cpu_seconds_total"),
         )
@@ -392,7 +272,7 @@ def gateway_cpu_saturated(b: Snapshot, a: Snapshot, dt: float, th: Thresholds) -
     )
     if cpu < th.cpu_saturated:
         return []
-    requests = _delta(
+    requests = counter_increase(
         b.gateway.total("tide:gateway_requests_total"),
         a.gateway.total("tide:gateway_requests_total"),
     )

@@ -1,0 +1,188 @@
+"""Validation of a batch's input file and its fan-out into jobs (the ``validate`` task).
+
+The file is checked whole before any job is written: a file-level problem (bad JSON, a
+missing or repeated custom_id, the wrong method or URL) fails the batch with the lines
+named. Fan-out then writes one job per line at batch priority; a line whose body is
+refused (a bad field, too long a prompt) gets a refusal in the line table instead. Each
+line's job has an idempotency key, so a task that runs twice (a Celery restart,
+acks_late) never duplicates a line.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from pydantic import ValidationError
+
+from infra.batches.store import FANOUT_CHUNK, REFUSED, handles, refusal
+from infra.jobs.celery_app import celery_app
+from infra.jobs.files import FileStore
+from infra.jobs.schemas import ChatCompletionCreate, CompletionCreate, JobCreate
+from infra.jobs.submission import ModelInfo, SubmissionError, build_job
+from infra.wire.protocol import Keys, Priority
+
+ENDPOINTS: dict[str, type[CompletionCreate] | type[ChatCompletionCreate]] = {
+    "/v1/completions": CompletionCreate,
+    "/v1/chat/completions": ChatCompletionCreate,
+}
+NO_LIMIT = 2**62  # batch jobs are bounded by the file limits, not the per-request ones
+MAX_FILE_ERRORS = 20
+
+
+@functools.cache
+def _model(name: str) -> ModelInfo:
+    return ModelInfo.load(name)
+
+
+def _lines(files: FileStore, file: dict[str, str]) -> Iterator[tuple[int, bytes]]:
+    """(1-based line number, bytes) of non-blank lines, streamed."""
+    with files.storage.open(file["storage_key"]) as f:
+        for n, raw in enumerate(f, 1):
+            if raw.strip():
+                yield n, raw
+
+
+def check_envelopes(
+    files: FileStore, file: dict[str, str], endpoint: str, max_lines: int
+) -> list[dict[str, Any]]:
+    """File-level problems (each names its line); an empty list means the file is good."""
+    errors: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    count = 0
+
+    def err(n: int, code: str, message: str) -> None:
+        errors.append({"code": code, "line": n, "message": f"line {n}: {message}", "param": None})
+
+    for n, raw in _lines(files, file):
+        count += 1
+        if count > max_lines:
+            err(n, "too_many_requests", f"the file has more than {max_lines} requests")
+            break
+        try:
+            obj = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            err(n, "invalid_json", "not a JSON object (the file must be JSONL)")
+        else:
+            if not isinstance(obj, dict):
+                err(n, "invalid_json", "not a JSON object (the file must be JSONL)")
+            elif not isinstance(obj.get("custom_id"), str) or not obj["custom_id"]:
+                err(n, "missing_custom_id", "custom_id must be a non-empty string")
+            elif obj["custom_id"] in seen:
+                err(n, "duplicate_custom_id", f"custom_id {obj['custom_id']!r} is used twice")
+            elif obj.get("method") != "POST":
+                err(n, "invalid_method", f"method must be POST, got {obj.get('method')!r}")
+            elif obj.get("url") != endpoint:
+                err(
+                    n,
+                    "mismatched_url",
+                    f"url {obj.get('url')!r} is not the batch's endpoint {endpoint}",
+                )
+            elif not isinstance(obj.get("body"), dict):
+                err(n, "missing_body", "body must be a JSON object")
+            else:
+                seen.add(obj["custom_id"])
+        if len(errors) >= MAX_FILE_ERRORS:
+            break
+    if count == 0 and not errors:
+        errors.append(
+            {
+                "code": "empty_file",
+                "line": None,
+                "message": "the file has no requests",
+                "param": None,
+            }
+        )
+    return errors
+
+
+def _job_body(endpoint: str, body: dict[str, Any]) -> JobCreate:
+    request = ENDPOINTS[endpoint].model_validate(body)
+    if isinstance(request, ChatCompletionCreate):
+        return JobCreate(**request.sampling(), messages=request.messages, priority=Priority.BATCH)
+    return JobCreate(**request.sampling(), prompt=request.prompt, priority=Priority.BATCH)
+
+
+def fan_out(batch: dict[str, str], file: dict[str, str]) -> int:
+    """One job per line at batch priority, written in pipelines; returns the request count."""
+    h = handles()
+    settings, client, jobs = h.settings, h.client, h.jobs
+    info = _model(settings.model)
+    batch_id, tenant, endpoint = batch["id"], batch["tenant"], batch["endpoint"]
+    lines_key = Keys.batch_lines(batch_id)
+    pending: list[tuple[int, Any]] = []
+    refused: dict[str, str] = {}
+
+    def flush() -> None:
+        pipe = client.pipeline(transaction=False)
+        for _, job in pending:
+            keys, args = job.script_call()
+            jobs.create_script(keys=keys, args=args, client=pipe)
+        results = pipe.execute()
+        mapping = {
+            str(i): job.result(raw)["id"] for (i, job), raw in zip(pending, results, strict=True)
+        }
+        mapping |= refused
+        if mapping:
+            client.hset(lines_key, mapping=mapping)
+        pending.clear()
+        refused.clear()
+
+    index = -1
+    for index, (_n, raw) in enumerate(_lines(h.files, file)):
+        obj = json.loads(raw)
+        custom_id = obj["custom_id"]
+        try:
+            job = build_job(
+                settings, info, tenant, _job_body(endpoint, obj["body"]),
+                idempotency_key=f"batch:{batch_id}:{index}", priority=Priority.BATCH,
+                extra_fields={"batch_id": batch_id, "batch_line": index, "custom_id": custom_id},
+            )  # fmt: skip
+            job.max_active = job.max_queue_length = job.max_rate = NO_LIMIT
+            pending.append((index, job))
+        except ValidationError as e:
+            first = e.errors()[0]
+            field = ".".join(str(p) for p in first.get("loc", ()))
+            refused[str(index)] = refusal(400, f"body.{field}: {first.get('msg')}", custom_id)
+        except SubmissionError as e:
+            refused[str(index)] = refusal(e.status, e.message, custom_id)
+        if len(pending) >= FANOUT_CHUNK:
+            flush()
+    flush()
+    return index + 1
+
+
+@celery_app.task(name="tide.batch.validate")
+def validate_batch(batch_id: str) -> str:
+    h = handles()
+    batches = h.batches
+    batch = batches.get(batch_id)
+    if batch is not None and batch["status"] == "cancelling" and not batch.get("total"):
+        batches.transition(batch_id, ["cancelling"], status="cancelled", cancelled_at=time.time())
+        return "cancelled"
+    if batch is None or batch["status"] != "validating":
+        return "skipped"
+    file = h.files.get(batch["input_file_id"])
+    if file is None:
+        errors = [
+            {"code": "missing_file", "line": None, "message": "input file not found", "param": None}
+        ]
+    else:
+        errors = check_envelopes(h.files, file, batch["endpoint"], h.settings.file_max_lines)
+    if errors:
+        batches.transition(
+            batch_id, ["validating"], status="failed", failed_at=time.time(), errors=errors
+        )
+        return "failed"
+    total = fan_out(batch, file)  # type: ignore[arg-type]
+    entries = h.client.hvals(Keys.batch_lines(batch_id))
+    refused = sum(1 for v in entries if v.startswith(REFUSED.encode()))
+    h.client.sadd(Keys.active_batches, batch_id)
+    batches.transition(
+        batch_id, ["validating"], status="in_progress", in_progress_at=time.time(), total=total,
+        refused=refused,
+    )  # fmt: skip
+    return "in_progress"

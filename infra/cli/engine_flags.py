@@ -1,0 +1,113 @@
+"""The engine flags, declared once: the one place that maps them to the engine and to a worker.
+
+Each flag sets one keyword of ``LLMEngine.from_pretrained``: ``dtype`` and ``device`` load
+the model, the others are ``EngineConfig`` fields. From the table come the argparse
+arguments of ``tide generate``, ``worker``, ``up`` and ``controller``, the keywords for
+``from_pretrained``, and the argv with which ``tide up`` and ``tide controller`` pass their
+flags on to every ``tide worker`` they start. The defaults repeat those of the engine
+(tests/infra/cli/test_engine_flags.py holds them equal): importing the engine here would
+load torch for every ``tide`` command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class EngineFlag:
+    dest: str  # the argparse name; the flag is --dest-with-dashes
+    kwarg: str  # the from_pretrained keyword it sets
+    default: Any = None
+    type: Callable[[str], Any] | None = None
+    choices: tuple[str, ...] | None = None
+    help: str | None = None
+    negates: bool = False  # a switch (--no-...): set means kwarg=False
+
+    @property
+    def option(self) -> str:
+        return "--" + self.dest.replace("_", "-")
+
+    def add_to(self, parser: argparse.ArgumentParser) -> None:
+        if self.negates:
+            parser.add_argument(self.option, action="store_true", help=self.help)
+            return
+        options: dict[str, Any] = {"default": self.default, "help": self.help}
+        if self.type is not None:
+            options["type"] = self.type
+        if self.choices is not None:
+            options["choices"] = self.choices
+        parser.add_argument(self.option, **options)
+
+    def value(self, args: argparse.Namespace) -> Any:
+        given = getattr(args, self.dest)
+        return not given if self.negates else given
+
+    def argv(self, args: argparse.Namespace) -> list[str]:
+        given = getattr(args, self.dest)
+        if self.negates:
+            return [self.option] if given else []
+        if self.default is None and not given:  # unset (0 bytes of KV reads as unset too)
+            return []
+        return [self.option, str(given)]
+
+
+ATTENTION_HELP = "auto: Triton on CUDA, the native C++ kernel on CPU"
+
+# fmt: off
+ENGINE_FLAGS: tuple[EngineFlag, ...] = (
+    # argparse dest, from_pretrained keyword, default, then type/choices and help
+    EngineFlag("dtype", "dtype", None, choices=("float32", "bfloat16", "float16")),
+    EngineFlag("device", "device", "auto", choices=("auto", "cpu", "cuda")),
+    EngineFlag("kv_cache_memory", "kv_cache_memory", None, type=int,
+               help="KV pool size in bytes"),
+    EngineFlag("max_num_seqs", "max_num_seqs", 64, type=int),
+    EngineFlag("max_num_batched_tokens", "max_num_batched_tokens", 1024, type=int),
+    EngineFlag("attention_backend", "attention_backend", "auto",
+               choices=("auto", "torch", "cpp", "triton"), help=ATTENTION_HELP),
+    EngineFlag("no_prefix_caching", "enable_prefix_caching", negates=True,
+               help="turn the prefix cache off"),
+    EngineFlag("batching", "batching", "continuous", choices=("continuous", "static"),
+               help="static: admit only into an empty engine, run each batch to completion "
+               "(baseline)"),
+)
+# fmt: on
+
+
+def engine_flag(dest: str) -> EngineFlag:
+    return next(f for f in ENGINE_FLAGS if f.dest == dest)
+
+
+# `tide generate` keeps its own order and wording, and runs continuous batching only.
+GENERATE_FLAGS: tuple[EngineFlag, ...] = (
+    *(engine_flag(d) for d in ("dtype", "device", "kv_cache_memory", "max_num_seqs")),
+    engine_flag("max_num_batched_tokens"),
+    dataclasses.replace(engine_flag("no_prefix_caching"), help=None),
+    dataclasses.replace(
+        engine_flag("attention_backend"),
+        help=ATTENTION_HELP + " (torch reference where it cannot be built)",
+    ),
+)
+
+
+def add_engine_flags(
+    parser: argparse.ArgumentParser, flags: Sequence[EngineFlag] = ENGINE_FLAGS
+) -> None:
+    for flag in flags:
+        flag.add_to(parser)
+
+
+def engine_kwargs(
+    args: argparse.Namespace, flags: Sequence[EngineFlag] = ENGINE_FLAGS
+) -> dict[str, Any]:
+    """The ``LLMEngine.from_pretrained`` keywords the parsed flags ask for."""
+    return {flag.kwarg: flag.value(args) for flag in flags}
+
+
+def worker_argv(args: argparse.Namespace, flags: Sequence[EngineFlag] = ENGINE_FLAGS) -> list[str]:
+    """The parsed flags as ``tide worker`` arguments, so each worker runs the same engine."""
+    return [arg for flag in flags for arg in flag.argv(args)]

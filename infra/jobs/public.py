@@ -1,0 +1,143 @@
+"""Response bodies: the API views of records read from Redis (suffix: Public).
+
+``job_public`` is the job API's view of a job record (also a job webhook's payload);
+``public_batch`` is the OpenAI Batch object (also a batch webhook's payload).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel
+
+from infra.wire.protocol import JobStatus, Priority
+
+
+class JobAccepted(BaseModel):
+    id: str
+    status: JobStatus
+    bucket: str
+    created_at: float
+
+
+class JobResult(BaseModel):
+    text: str
+    finish_reason: str | None
+
+
+class JobUsage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+
+
+class JobTimings(BaseModel):
+    queued_at: float | None = None
+    started_at: float | None = None
+    first_token_at: float | None = None
+    finished_at: float | None = None
+    queue_seconds: float | None = None
+    ttft_seconds: float | None = None
+
+
+class JobPublic(BaseModel):
+    id: str
+    object: Literal["job"] = "job"
+    status: JobStatus
+    bucket: str
+    priority: Priority
+    created_at: float
+    result: JobResult | None = None
+    usage: JobUsage
+    timings: JobTimings
+    attempts: int
+    error: str | None = None
+    metadata: dict[str, str] | None = None
+    webhook: dict[str, Any] | None = None
+
+
+class ErrorBody(BaseModel):
+    error: dict[str, Any]
+
+
+def _float(record: dict[str, str], key: str) -> float | None:
+    value = record.get(key)
+    return float(value) if value else None
+
+
+def job_public(record: dict[str, str]) -> JobPublic:
+    """The API view of a job record from Redis."""
+    status = JobStatus(record["status"])
+    queued_at, started = _float(record, "queued_at"), _float(record, "started_at")
+    first = _float(record, "first_token_at")
+    result = None
+    if status.is_terminal or record.get("text"):
+        result = JobResult(
+            text=record.get("text", ""), finish_reason=record.get("finish_reason") or None
+        )
+    webhook = None
+    if record.get("webhook_url"):
+        webhook = {
+            "url": record["webhook_url"],
+            "attempts": int(record.get("webhook_attempts") or 0),
+            "status": record.get("webhook_status") or "pending",
+        }
+    return JobPublic(
+        id=record["id"],
+        status=status,
+        bucket=record["bucket"],
+        priority=Priority(record["priority"]),
+        created_at=float(record["created_at"]),
+        result=result,
+        usage=JobUsage(
+            prompt_tokens=int(record.get("prompt_tokens") or 0),
+            completion_tokens=int(record.get("completion_tokens") or 0),
+        ),
+        timings=JobTimings(
+            queued_at=queued_at,
+            started_at=started,
+            first_token_at=first,
+            finished_at=_float(record, "finished_at"),
+            queue_seconds=started - queued_at if started and queued_at else None,
+            ttft_seconds=first - queued_at if first and queued_at else None,
+        ),
+        attempts=int(record.get("attempts") or 0),
+        error=record.get("error") or None,
+        metadata=json.loads(record["metadata"]) if record.get("metadata") else None,
+        webhook=webhook,
+    )
+
+
+def _int(record: dict[str, str], key: str) -> int | None:
+    return int(float(record[key])) if record.get(key) else None
+
+
+def public_batch(record: dict[str, str]) -> dict[str, Any]:
+    """The OpenAI Batch object."""
+    errors = json.loads(record["errors"]) if record.get("errors") else None
+    return {
+        "id": record["id"],
+        "object": "batch",
+        "endpoint": record["endpoint"],
+        "errors": {"object": "list", "data": errors} if errors else None,
+        "input_file_id": record["input_file_id"],
+        "completion_window": record["completion_window"],
+        "status": record["status"],
+        "output_file_id": record.get("output_file_id") or None,
+        "error_file_id": record.get("error_file_id") or None,
+        "created_at": _int(record, "created_at"),
+        "in_progress_at": _int(record, "in_progress_at"),
+        "expires_at": _int(record, "expires_at"),
+        "finalizing_at": _int(record, "finalizing_at"),
+        "completed_at": _int(record, "completed_at"),
+        "failed_at": _int(record, "failed_at"),
+        "expired_at": _int(record, "expired_at"),
+        "cancelling_at": _int(record, "cancelling_at"),
+        "cancelled_at": _int(record, "cancelled_at"),
+        "request_counts": {
+            "total": int(record.get("total") or 0),
+            "completed": int(record.get("completed") or 0),
+            "failed": int(record.get("failed") or 0),
+        },
+        "metadata": json.loads(record["metadata"]) if record.get("metadata") else None,
+    }

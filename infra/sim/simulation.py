@@ -1,0 +1,285 @@
+"""One run of one scaling policy over one trace: a discrete-event simulation of the fleet's
+pools (docs/simulator.md).
+
+- a worker (infra/sim/worker.py) holds up to max_num_seqs jobs and KV room for their prompt +
+  max_tokens; its step time comes from its pool's service model (infra/sim/service_model.py);
+- a worker takes the head of the first non-empty bucket in its pool's preference order, one
+  job per free slot (FCFS within a bucket); a head it cannot fit waits for room;
+- workers are ready cold_start_s after launch, billed from launch until removed; scale-in
+  drains (no new jobs; removed when the last one finishes).
+Event order at one instant: completions and ready workers, then arrivals, then the policy.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from dataclasses import dataclass
+from typing import Protocol
+
+from infra.fleet.fleet_config import FleetConfig, PoolConfig
+from infra.sim.results import PolicyResult, measure
+from infra.sim.service_model import ServiceModel
+from infra.sim.traces import Job
+from infra.sim.worker import SimWorker
+from infra.wire.protocol import BUCKETS
+
+_FINISH, _READY = 0, 1
+
+
+class Policy(Protocol):
+    """A scaling policy as the event loop drives it (infra/sim/policies.py has three): started
+    once, then ticked every interval_s; it reads and acts through the Simulation."""
+
+    name: str
+    interval_s: float | None  # None: never polled
+
+    def start(self, sim: Simulation) -> None: ...
+    def tick(self, sim: Simulation, now: float) -> None: ...
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    # Tide's rate per worker: "controller" learns it from heartbeats as infra/fleet/controller.py
+    # does; "model" gives it the service model's rate of a full worker on the home jobs so far.
+    tide_rate: str = "controller"
+    max_extra_s: float = 7 * 86400.0  # give up if work is still unserved this long after
+
+    def __post_init__(self) -> None:
+        if self.tide_rate not in ("controller", "model"):
+            raise ValueError(f"tide_rate must be controller or model, got {self.tide_rate!r}")
+
+
+class Simulation:
+    """One run of one policy over one trace. Policies read backlog, live, served_rate and
+    model_rate, and act through launch and drain."""
+
+    def __init__(
+        self,
+        fleet: FleetConfig,
+        jobs: list[Job],
+        models: dict[str, ServiceModel],
+        duration_s: float,
+        config: SimConfig | None = None,
+    ):
+        self.fleet, self.models, self.cfg = fleet, models, config or SimConfig()
+        self.jobs = sorted(jobs, key=lambda j: j.arrival)
+        self.duration = max(duration_s, self.jobs[-1].arrival if self.jobs else 0.0)
+        self.home = {b: fleet.home_pool(b).name for b in BUCKETS}
+        self.servers = {  # pools serving each bucket, most preferring first
+            b: sorted((p for p in fleet.pools.values() if b in p.buckets),
+                      key=lambda p: p.buckets.index(b))
+            for b in BUCKETS
+        }  # fmt: skip
+        self.queues: dict[str, deque[Job]] = {b: deque() for b in BUCKETS}
+        self.queued_tokens = dict.fromkeys(BUCKETS, 0)
+        self.pool_workers: dict[str, list[SimWorker]] = {p: [] for p in fleet.pools}
+        self.all_workers: list[SimWorker] = []
+        self.events: list[tuple[float, int, int, SimWorker, int]] = []
+        self.seq = 0
+        self.start: dict[int, float] = {}  # job idx -> when a worker took it
+        self.unfinished = 0
+        self.last_finish = 0.0
+        self.timeline: list[tuple[float, int]] = [(0.0, 0)]
+        self.arrived_tokens = dict.fromkeys(BUCKETS, 0)  # monotonic, as infra/wire/backlog.py
+        self.arrived_sums = {p: [0.0] * 6 for p in fleet.pools}  # per home pool: full_rate_of
+        self._check_fits()
+
+    def _check_fits(self) -> None:
+        for n, job in enumerate(self.jobs, 1):
+            room = max(self.models[p.name].kv_tokens for p in self.servers[job.bucket])
+            if job.work > room:
+                raise ValueError(
+                    f"job {n} (arrival {job.arrival:g}s): prompt + max_tokens = {job.work} "
+                    f"exceeds the KV room of every pool serving {job.bucket} (at most {room})"
+                )
+
+    # -- what policies see and do ----------------------------------------------------------
+
+    def backlog(self, pool: str, now: float) -> tuple[int, int, float]:
+        """Queued jobs, their prompt + max tokens, and the oldest one's age, over home buckets."""
+        jobs = tokens = 0
+        oldest = 0.0
+        for b in self.fleet.home_buckets(pool):
+            q = self.queues[b]
+            if q:
+                jobs += len(q)
+                tokens += self.queued_tokens[b]
+                oldest = max(oldest, now - q[0].arrival)
+        return jobs, tokens, oldest
+
+    def model_rate(self, pool: str) -> float | None:
+        """The service model's work tokens/s for a full worker on the pool's home jobs so far."""
+        sums = self.arrived_sums[pool]
+        return self.models[pool].full_rate_of(sums) if sums[0] else None
+
+    def live(self, pool: str) -> list[SimWorker]:
+        return self.pool_workers[pool]
+
+    def launch(self, pool: PoolConfig, count: int, now: float, cold: bool = True) -> None:
+        for _ in range(count):
+            wid = f"{pool.name}-{len(self.all_workers)}"
+            w = SimWorker(wid, pool, self.models[pool.name], now, pool.cold_start_s if cold else 0)
+            self.all_workers.append(w)
+            self.pool_workers[pool.name].append(w)
+            if w.state == "starting":
+                self._push(w.ready_at, _READY, w, 0)
+            else:
+                self._fill(w, now)
+                self._reschedule(w, now)
+        self._mark(now)
+
+    def drain(self, wid: str, now: float) -> None:
+        for w in self.pool_workers[wid.rsplit("-", 1)[0]]:
+            if w.wid == wid and w.state != "draining":
+                w.state = "draining"
+                if not w.heap:
+                    self._remove(w, now)
+                return
+
+    # -- the event loop --------------------------------------------------------------------
+
+    def run(self, policy: Policy) -> PolicyResult:
+        policy.start(self)
+        jobs, events = self.jobs, self.events
+        i, n = 0, len(jobs)
+        interval = policy.interval_s
+        next_poll = 0.0 if interval else math.inf
+        limit = self.duration + self.cfg.max_extra_s
+        now = 0.0
+        while True:
+            t_arr = jobs[i].arrival if i < n else math.inf
+            t_ev = events[0][0] if events else math.inf
+            if i == n and self.unfinished == 0:
+                end = max(self.duration, self.last_finish)
+                if min(t_ev, next_poll) > end:
+                    break
+            now = min(t_arr, t_ev, next_poll)
+            if now > limit:
+                raise RuntimeError(
+                    f"policy {policy.name}: {self.unfinished + n - i} jobs still unserved "
+                    f"{self.cfg.max_extra_s:g}s after the trace ends"
+                )
+            if t_ev <= now:
+                _, _, kind, w, version = heapq.heappop(events)
+                if kind == _READY:
+                    self._ready(w, now)
+                elif version == w.version:
+                    self._finish(w, now)
+            elif t_arr <= now:
+                self._arrive(jobs[i], now)
+                i += 1
+            else:
+                policy.tick(self, now)
+                next_poll += interval  # type: ignore[operator]
+        return self._result(policy.name, max(self.duration, self.last_finish))
+
+    def _push(self, t: float, kind: int, w: SimWorker, version: int) -> None:
+        self.seq += 1
+        heapq.heappush(self.events, (t, self.seq, kind, w, version))
+
+    def _mark(self, now: float) -> None:
+        count = sum(len(ws) for ws in self.pool_workers.values())
+        if self.timeline[-1][0] == now:
+            self.timeline[-1] = (now, count)
+        else:
+            self.timeline.append((now, count))
+
+    def _arrive(self, job: Job, now: float) -> None:
+        self.unfinished += 1
+        self.arrived_tokens[job.bucket] += job.work
+        home = self.home[job.bucket]
+        self.models[home].add_to(self.arrived_sums[home], job)
+        if self.queues[job.bucket]:
+            self._enqueue(job)  # FCFS: no worker could take the head, so it waits behind
+            return
+        for pool in self.servers[job.bucket]:
+            ahead = pool.buckets[: pool.buckets.index(job.bucket)]
+            if any(self.queues[b] for b in ahead):
+                continue  # its workers would take those first
+            free = [
+                w for w in self.pool_workers[pool.name] if w.state == "ready" and w.can_take(job)
+            ]
+            if free:
+                w = min(free, key=lambda w: len(w.heap))
+                w.advance(now)
+                self._start(w, job, now)
+                self._reschedule(w, now)
+                return
+        self._enqueue(job)
+
+    def _enqueue(self, job: Job) -> None:
+        self.queues[job.bucket].append(job)
+        self.queued_tokens[job.bucket] += job.work
+
+    def _start(self, w: SimWorker, job: Job, now: float) -> None:
+        cost = w.model.job_costs(job)
+        heapq.heappush(w.heap, (w.vt + job.output_tokens, job.idx, job, cost))
+        w.mem += cost[0]
+        w.flop += cost[1]
+        w.prefill += cost[2]
+        w.kv_used += job.work
+        w.idle_since = None
+        self.start[job.idx] = now
+
+    def _fill(self, w: SimWorker, now: float) -> None:
+        """Take jobs while there is a free slot: the head of the first non-empty bucket."""
+        while w.state == "ready" and len(w.heap) < w.model.max_num_seqs:
+            for b in w.buckets:
+                q = self.queues[b]
+                if q:
+                    if not w.can_take(q[0]):
+                        return  # it waits for room; the worker holds its place
+                    job = q.popleft()
+                    self.queued_tokens[b] -= job.work
+                    self._start(w, job, now)
+                    break
+            else:
+                return
+
+    def _reschedule(self, w: SimWorker, now: float) -> None:
+        w.version += 1
+        if w.heap:
+            dt = (w.heap[0][0] - w.vt) * w.step_time()
+            self._push(now + max(dt, 0.0), _FINISH, w, w.version)
+        elif w.idle_since is None:
+            w.idle_since = now
+
+    def _ready(self, w: SimWorker, now: float) -> None:
+        if w.state != "starting":
+            return  # drained (removed) before it came up
+        w.state = "ready"
+        w.idle_since = now
+        w.t_last = now
+        self._fill(w, now)
+        self._reschedule(w, now)
+
+    def _finish(self, w: SimWorker, now: float) -> None:
+        w.advance(now)
+        while w.heap and w.heap[0][0] <= w.vt + 1e-9:
+            _, _, job, cost = heapq.heappop(w.heap)
+            w.mem -= cost[0]
+            w.flop -= cost[1]
+            w.prefill -= cost[2]
+            w.kv_used -= job.work
+            w.served += job.work
+            self.unfinished -= 1
+            self.last_finish = now
+        if not w.heap:
+            w.mem = w.flop = w.prefill = 0.0  # no drift left over
+        self._fill(w, now)
+        self._reschedule(w, now)
+        if w.state == "draining" and not w.heap:
+            self._remove(w, now)
+
+    def _remove(self, w: SimWorker, now: float) -> None:
+        w.removed = now
+        w.version += 1
+        self.pool_workers[w.pool].remove(w)
+        self._mark(now)
+
+    def _result(self, name: str, end: float) -> PolicyResult:
+        billed = sum(min(w.removed, end) - w.launched for w in self.all_workers)
+        waits = [self.start[j.idx] - j.arrival for j in self.jobs]
+        return measure(name, self.fleet, self.jobs, waits, billed, self.timeline, end)

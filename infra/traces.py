@@ -1,0 +1,118 @@
+"""Trace files: JSONL, one request a line, read by ``tide simulate`` (jobs of a fleet's day)
+and ``tide bench`` (the requests to send). One reader for both formats; errors name the
+file, the line and the field.
+
+- A job trace (``tide simulate --trace``): ``{"arrival_s", "prompt_tokens", "max_tokens",
+  "output_tokens"?, "id"?}``; output_tokens (what the job really generates) defaults to
+  max_tokens and may not exceed it; id is ignored.
+- A request trace (``tide bench --trace``): ``{"prompt" | "prompt_len", "max_tokens",
+  "offset"?}``; offset (seconds after the start) on every line or on none.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from infra.jsonl import iter_objects
+
+JOB_TRACE_FIELDS = frozenset({"arrival_s", "prompt_tokens", "max_tokens", "output_tokens", "id"})
+REQUEST_TRACE_FIELDS = frozenset({"prompt", "prompt_len", "max_tokens", "offset"})
+
+Row = TypeVar("Row")
+
+
+class TraceError(ValueError):
+    """A trace that cannot be used; the message names the file, the line and the field."""
+
+
+@dataclass(frozen=True)
+class JobRow:
+    arrival_s: float
+    prompt_tokens: int
+    max_tokens: int
+    output_tokens: int
+
+
+@dataclass
+class RequestRow:
+    max_tokens: int
+    prompt: str | None = None
+    prompt_len: int | None = None
+    offset: float | None = None
+
+
+def read_job_trace(path: str | Path) -> list[JobRow]:
+    """Every job of a job trace, in file order (possibly none)."""
+    return _read(path, JOB_TRACE_FIELDS, _job_row)
+
+
+def read_request_trace(path: str | Path) -> list[RequestRow]:
+    """Every request of a request trace, in file order; at least one."""
+    rows = _read(path, REQUEST_TRACE_FIELDS, _request_row)
+    if not rows:
+        raise TraceError(f"{path}: the trace has no requests")
+    with_offset = sum(r.offset is not None for r in rows)
+    if 0 < with_offset < len(rows):
+        raise TraceError(
+            f"{path}: give offset on every line or on none ({with_offset} of {len(rows)} have it)"
+        )
+    return rows
+
+
+def _read(
+    path: str | Path, fields: frozenset[str], parse: Callable[[dict[str, Any], str], Row]
+) -> list[Row]:
+    try:
+        return [parse(item, f"{path}:{n}") for n, item in iter_objects(path, fields)]
+    except TraceError:
+        raise
+    except ValueError as e:  # the JSONL reader's: not JSON, not an object, unknown field
+        raise TraceError(str(e)) from None
+
+
+def _is_count(v: Any) -> bool:
+    return type(v) is int and v >= 1
+
+
+def _is_seconds(v: Any) -> bool:
+    return not isinstance(v, bool) and isinstance(v, int | float) and 0 <= v < math.inf
+
+
+def _job_row(item: dict[str, Any], where: str) -> JobRow:
+    t: Any = item.get("arrival_s")
+    if not _is_seconds(t):
+        raise TraceError(f"{where}: field arrival_s must be a number >= 0, got {t!r}")
+    counts: dict[str, int] = {}
+    for key in ("prompt_tokens", "max_tokens", "output_tokens"):
+        v: Any = item.get(key, item.get("max_tokens") if key == "output_tokens" else None)
+        if not _is_count(v):
+            raise TraceError(f"{where}: field {key} must be an integer >= 1, got {v!r}")
+        counts[key] = v
+    if counts["output_tokens"] > counts["max_tokens"]:
+        raise TraceError(
+            f"{where}: field output_tokens ({counts['output_tokens']}) exceeds max_tokens "
+            f"({counts['max_tokens']})"
+        )
+    return JobRow(float(t), **counts)
+
+
+def _request_row(item: dict[str, Any], where: str) -> RequestRow:
+    if ("prompt" in item) == ("prompt_len" in item):
+        raise TraceError(f"{where}: give exactly one of prompt or prompt_len")
+    if "prompt" in item and (not isinstance(item["prompt"], str) or not item["prompt"]):
+        raise TraceError(f"{where}: prompt must be a non-empty string")
+    for key in ("prompt_len", "max_tokens"):
+        if key in item and not _is_count(item[key]):
+            raise TraceError(f"{where}: {key} must be an integer >= 1, got {item[key]!r}")
+    if "max_tokens" not in item:
+        raise TraceError(f"{where}: max_tokens is required")
+    offset = item.get("offset")
+    if offset is not None and (
+        isinstance(offset, bool) or not isinstance(offset, int | float) or offset < 0
+    ):
+        raise TraceError(f"{where}: offset must be a number of seconds >= 0, got {offset!r}")
+    return RequestRow(item["max_tokens"], item.get("prompt"), item.get("prompt_len"), offset)
