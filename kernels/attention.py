@@ -1,6 +1,6 @@
-"""Paged attention and KV-cache write: the torch reference (CPU, and any device).
+"""Paged attention and KV-cache write: which backend runs each step.
 
-Backends: ``torch`` (this file: gather the blocks, then SDPA), ``cpp`` (decode rows
+Backends: ``torch`` (kernels/torch_attention.py: gather the blocks, then SDPA), ``cpp`` (decode rows
 through ``kernels/csrc``'s native kernel, which reads K/V in place from the block pool;
 prefill chunks stay on SDPA, which is GEMM-shaped and fast there) and ``triton``
 (CUDA). ``auto`` picks triton for CUDA tensors, cpp on CPU where it builds, and the
@@ -19,41 +19,11 @@ chunks (each attends to its cached prefix and causally to itself).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import torch
-import torch.nn.functional as F
 
 from kernels import cpu as cpu_kernels
-
-
-@dataclass
-class DecodeGroup:
-    """Decode rows of similar context length, batched into one SDPA call."""
-
-    rows: slice
-    block_tables: torch.Tensor  # [n, max_blocks] int64, padded with block 0
-    mask: torch.Tensor  # [1, n, 1, max_blocks * block_size] bool: key is visible
-    context_lens: torch.Tensor  # [n] int32 (the Triton kernel reads these, not the mask)
-    max_context: int
-
-
-@dataclass
-class PrefillChunk:
-    rows: slice  # this chunk's rows in the flattened token batch
-    start_pos: int  # tokens before the chunk that are already in the cache
-    block_table: torch.Tensor  # [num_blocks_for_context] int64
-
-
-@dataclass
-class AttentionMetadata:
-    """Everything attention needs for one step, built once and shared by all layers."""
-
-    slot_mapping: torch.Tensor  # [num_tokens] int64
-    block_size: int
-    decode_groups: list[DecodeGroup] = field(default_factory=list)
-    prefills: list[PrefillChunk] = field(default_factory=list)
-
+from kernels import torch_attention
+from kernels.attention_metadata import AttentionMetadata
 
 BACKENDS = ("auto", "torch", "cpp", "triton")
 _backend = "auto"
@@ -139,9 +109,13 @@ def paged_attention(
                 query[group.rows], k_cache, v_cache, group.block_tables, group.context_lens, scale
             )
         else:
-            out[group.rows] = _decode_attention(query[group.rows], k_cache, v_cache, group, scale)
+            out[group.rows] = torch_attention.decode_attention(
+                query[group.rows], k_cache, v_cache, group, scale
+            )
     for chunk in meta.prefills:
-        out[chunk.rows] = _prefill_attention(query, key, value, k_cache, v_cache, chunk, scale)
+        out[chunk.rows] = torch_attention.prefill_attention(
+            query, key, value, k_cache, v_cache, chunk, scale
+        )
     return out
 
 
@@ -164,65 +138,3 @@ def _triton_attention(
             query[chunk.rows], k_cache, v_cache, chunk.block_table, chunk.start_pos, scale
         )
     return out
-
-
-def _gather_blocks(cache: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
-    """[kv_heads, len(block_ids), block_size * head_dim]: the blocks, copied contiguously.
-
-    index_select on a 3-D view copies whole rows; on the 4-D cache (or with
-    advanced indexing) it takes a per-element path several times slower.
-    """
-    num_kv_heads, num_blocks = cache.shape[0], cache.shape[1]
-    return cache.view(num_kv_heads, num_blocks, -1).index_select(1, block_ids)
-
-
-def _decode_attention(
-    query: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    group: DecodeGroup,
-    scale: float,
-) -> torch.Tensor:
-    # Each KV head with its query heads acts as one "sequence" of G query tokens:
-    # SDPA batch = kv heads, SDPA heads = requests, so every K/V row is read once per
-    # group of query heads and the 4-D flash kernel applies.
-    n, num_heads, head_dim = query.shape
-    num_kv_heads = k_cache.shape[0]
-    q = query.view(n, num_kv_heads, num_heads // num_kv_heads, head_dim).transpose(0, 1)
-    keys = _gather_blocks(k_cache, group.block_tables.view(-1)).view(num_kv_heads, n, -1, head_dim)
-    values = _gather_blocks(v_cache, group.block_tables.view(-1)).view(
-        num_kv_heads, n, -1, head_dim
-    )
-    out = F.scaled_dot_product_attention(q, keys, values, attn_mask=group.mask, scale=scale)
-    return out.transpose(0, 1).reshape(n, num_heads, head_dim)
-
-
-def _prefill_attention(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    chunk: PrefillChunk,
-    scale: float,
-) -> torch.Tensor:
-    # 4-D tensors throughout: 3-D inputs send SDPA to its slow math path on CPU.
-    q = query[chunk.rows].transpose(0, 1).unsqueeze(0)  # [1, heads, q_len, head_dim]
-    if chunk.start_pos == 0:
-        k = key[chunk.rows].transpose(0, 1).unsqueeze(0)
-        v = value[chunk.rows].transpose(0, 1).unsqueeze(0)
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=True)
-        return out[0].transpose(0, 1)
-    q_len = q.shape[2]
-    context_len = chunk.start_pos + q_len
-    num_kv_heads, head_dim = k_cache.shape[0], k_cache.shape[3]
-    k = _gather_blocks(k_cache, chunk.block_table).view(num_kv_heads, -1, head_dim)
-    v = _gather_blocks(v_cache, chunk.block_table).view(num_kv_heads, -1, head_dim)
-    k, v = k[:, :context_len], v[:, :context_len]
-    # Query i sits at position start_pos + i and sees keys 0 ..= start_pos + i.
-    q_pos = torch.arange(chunk.start_pos, context_len, device=q.device).unsqueeze(1)
-    mask = torch.arange(context_len, device=q.device).unsqueeze(0) <= q_pos
-    out = F.scaled_dot_product_attention(
-        q, k.unsqueeze(0), v.unsqueeze(0), attn_mask=mask, scale=scale, enable_gqa=True
-    )
-    return out[0].transpose(0, 1)

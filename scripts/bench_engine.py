@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from worker.engine import LLMEngine, SamplingParams
 from worker.models.config import ModelConfig
-from worker.models.dummy import resolve_model_path
+from worker.models.resolve import resolve_model_path
 
 
 def workload(n: int, seed: int, max_len: int) -> list[tuple[list[int], int]]:

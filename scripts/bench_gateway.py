@@ -133,7 +133,7 @@ def main() -> None:
         "TIDE_MAX_REQUESTS_PER_SECOND_PER_TENANT": "1000000",
     }  # fmt: skip
     if args.model.startswith("dummy:"):
-        from worker.models.dummy import resolve_model_path
+        from worker.models.resolve import resolve_model_path
 
         resolve_model_path(args.model)
     gateway = [sys.executable, "-m", "uvicorn", "gateway.app:app", "--port", str(port),

@@ -48,8 +48,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from worker.engine import EngineConfig, LLMEngine, SamplingParams
 from worker.engine.grammar import GrammarMatchers
 from worker.engine.structured import StructuredOutput, validate
-from worker.models.dummy import resolve_model_path
 from worker.models.loader import load_model
+from worker.models.resolve import resolve_model_path
 from worker.models.tokenizer import Tokenizer
 
 ADDRESS = {

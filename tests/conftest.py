@@ -55,7 +55,7 @@ def stories_refs(stories_path: Path) -> list[dict]:
 
 @pytest.fixture(scope="session")
 def tiny_path(_dummy_cache: None) -> Path:
-    from worker.models.dummy import resolve_model_path
+    from worker.models.resolve import resolve_model_path
 
     return resolve_model_path("dummy:tiny")
 

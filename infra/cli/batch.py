@@ -64,7 +64,7 @@ def _fleet_flags(p: argparse.ArgumentParser) -> None:
 def run_offline(input_path: Path, output: Path, model: str, dtype: str | None) -> dict[str, int]:
     from infra.batches.validate import ENDPOINTS
     from worker.engine import LLMEngine, SamplingParams
-    from worker.models.dummy import resolve_model_path
+    from worker.models.resolve import resolve_model_path
 
     folder = resolve_model_path(model)
     engine = LLMEngine.from_pretrained(str(folder), dtype=dtype)
@@ -223,7 +223,7 @@ def cmd_batch_docs(args: argparse.Namespace) -> int:
 
         model = get_settings().model
     if model.startswith("dummy:"):
-        from worker.models.dummy import resolve_model_path
+        from worker.models.resolve import resolve_model_path
 
         resolve_model_path(model)
     info = ModelInfo.load(str(model_folder(model)))

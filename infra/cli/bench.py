@@ -240,7 +240,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def _scenario(args: argparse.Namespace, slos: dict[str, float]) -> int:
     from infra.bench.scenarios import default_model, run_scenario
     from infra.jobs.submission import ModelInfo
-    from worker.models.dummy import resolve_model_path  # torch: only in this parent
+    from worker.models.resolve import resolve_model_path  # torch: only in this parent
 
     model = args.model or default_model(args.scenario)
     resolve_model_path(model)  # materialise a dummy model once, before the fleets start

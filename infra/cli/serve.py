@@ -81,7 +81,7 @@ def stop_on_signals() -> threading.Event:
 def cmd_up(args: argparse.Namespace) -> int:
     from infra.fleet.local_fleet import LocalFleet
     from infra.settings import Settings
-    from worker.models.dummy import resolve_model_path
+    from worker.models.resolve import resolve_model_path
 
     overrides = {"model": args.model, "data_dir": args.data_dir}
     settings = Settings(**{k: v for k, v in overrides.items() if v})

@@ -71,8 +71,8 @@ class LLMEngine:
     def from_pretrained(
         cls, model: str, dtype: str | None = None, device: str = "auto", **config: Any
     ) -> LLMEngine:
-        from worker.models.dummy import resolve_model_path
         from worker.models.loader import load_model
+        from worker.models.resolve import resolve_model_path
 
         folder = resolve_model_path(model)
         engine = cls(load_model(folder, dtype, device), Tokenizer(folder), EngineConfig(**config))

@@ -13,12 +13,8 @@ from dataclasses import dataclass
 import torch
 
 from kernels import AttentionMetadata
-from kernels.attention import (
-    DecodeGroup,
-    PrefillChunk,
-    decode_reads_rows_in_place,
-    set_attention_backend,
-)
+from kernels.attention import decode_reads_rows_in_place, set_attention_backend
+from kernels.attention_metadata import DecodeGroup, PrefillChunk
 from worker.engine.config import EngineConfig
 from worker.engine.scheduler import ScheduledRequest, SchedulerOutput
 from worker.models.llama import LlamaModel

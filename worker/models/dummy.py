@@ -8,9 +8,6 @@ The tokenizer is byte-level (256 byte tokens plus 4 specials): every string enco
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +16,7 @@ from safetensors.torch import save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 
 from worker.models.config import ModelLoadError
-from worker.models.registry import DEFAULT_SEED, model_folder, parse_dummy
+from worker.models.registry import DEFAULT_SEED
 
 SPECIALS = ["<pad>", "<s>", "</s>", "<unk>"]
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = range(4)
@@ -150,24 +147,3 @@ def save_dummy(preset: str, out: str | Path, seed: int = DEFAULT_SEED) -> Path:
         )
     )
     return out
-
-
-def resolve_model_path(model: str) -> Path:
-    """A folder path as is; ``dummy:<preset>[:seed]`` materialised once into the cache."""
-    dummy = parse_dummy(model)
-    if dummy is None:
-        return Path(model)
-    preset, seed = dummy
-    hf_config(preset)  # validates the preset name
-    target = model_folder(model)
-    if (target / "model.safetensors").is_file():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{preset}-", dir=target.parent))
-    try:
-        save_dummy(preset, tmp, seed)
-        os.replace(tmp, target) if not target.exists() else shutil.rmtree(tmp)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return target

@@ -1,7 +1,7 @@
 """Where a model name points, without importing torch (the gateway uses this too).
 
 ``dummy:<preset>[:seed]`` lives in the cache folder once materialised (see
-``worker.models.dummy.resolve_model_path``); anything else is a folder path.
+``worker.models.resolve.resolve_model_path``); anything else is a folder path.
 """
 
 from __future__ import annotations

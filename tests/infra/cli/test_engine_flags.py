@@ -82,7 +82,7 @@ def test_a_worker_started_with_the_argv_builds_the_same_engine(command):
 def test_up_hands_its_settings_and_worker_argv_to_the_fleet(monkeypatch, tmp_path):
     from infra.cli import serve
     from infra.fleet import local_fleet
-    from worker.models import dummy
+    from worker.models import resolve
 
     seen = {}
 
@@ -91,7 +91,7 @@ def test_up_hands_its_settings_and_worker_argv_to_the_fleet(monkeypatch, tmp_pat
         return 0
 
     monkeypatch.setattr(local_fleet.LocalFleet, "run", run)
-    monkeypatch.setattr(dummy, "resolve_model_path", lambda model: seen.setdefault("made", model))
+    monkeypatch.setattr(resolve, "resolve_model_path", lambda model: seen.setdefault("made", model))
     args = parse("up", "--model", "dummy:small", "--data-dir", str(tmp_path), "--max-num-seqs", "5")
     assert serve.cmd_up(args) == 0
     assert seen["made"] == "dummy:small" == seen["settings"].model

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from kernels import AttentionMetadata
-from kernels.attention import PrefillChunk
+from kernels.attention_metadata import PrefillChunk
 from tests.conftest import make_engine
 from worker.engine import EngineConfig, LLMEngine, SamplingParams
 from worker.models.loader import load_model

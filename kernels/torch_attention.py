@@ -1,0 +1,69 @@
+"""The torch reference for paged attention: gather the blocks, then SDPA (CPU, and any
+device). The dispatch is kernels/attention.py."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from kernels.attention_metadata import DecodeGroup, PrefillChunk
+
+
+def gather_blocks(cache: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
+    """[kv_heads, len(block_ids), block_size * head_dim]: the blocks, copied contiguously.
+
+    index_select on a 3-D view copies whole rows; on the 4-D cache (or with
+    advanced indexing) it takes a per-element path several times slower.
+    """
+    num_kv_heads, num_blocks = cache.shape[0], cache.shape[1]
+    return cache.view(num_kv_heads, num_blocks, -1).index_select(1, block_ids)
+
+
+def decode_attention(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    group: DecodeGroup,
+    scale: float,
+) -> torch.Tensor:
+    # Each KV head with its query heads acts as one "sequence" of G query tokens:
+    # SDPA batch = kv heads, SDPA heads = requests, so every K/V row is read once per
+    # group of query heads and the 4-D flash kernel applies.
+    n, num_heads, head_dim = query.shape
+    num_kv_heads = k_cache.shape[0]
+    q = query.view(n, num_kv_heads, num_heads // num_kv_heads, head_dim).transpose(0, 1)
+    keys = gather_blocks(k_cache, group.block_tables.view(-1)).view(num_kv_heads, n, -1, head_dim)
+    values = gather_blocks(v_cache, group.block_tables.view(-1)).view(num_kv_heads, n, -1, head_dim)
+    out = F.scaled_dot_product_attention(q, keys, values, attn_mask=group.mask, scale=scale)
+    return out.transpose(0, 1).reshape(n, num_heads, head_dim)
+
+
+def prefill_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    chunk: PrefillChunk,
+    scale: float,
+) -> torch.Tensor:
+    # 4-D tensors throughout: 3-D inputs send SDPA to its slow math path on CPU.
+    q = query[chunk.rows].transpose(0, 1).unsqueeze(0)  # [1, heads, q_len, head_dim]
+    if chunk.start_pos == 0:
+        k = key[chunk.rows].transpose(0, 1).unsqueeze(0)
+        v = value[chunk.rows].transpose(0, 1).unsqueeze(0)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=True)
+        return out[0].transpose(0, 1)
+    q_len = q.shape[2]
+    context_len = chunk.start_pos + q_len
+    num_kv_heads, head_dim = k_cache.shape[0], k_cache.shape[3]
+    k = gather_blocks(k_cache, chunk.block_table).view(num_kv_heads, -1, head_dim)
+    v = gather_blocks(v_cache, chunk.block_table).view(num_kv_heads, -1, head_dim)
+    k, v = k[:, :context_len], v[:, :context_len]
+    # Query i sits at position start_pos + i and sees keys 0 ..= start_pos + i.
+    q_pos = torch.arange(chunk.start_pos, context_len, device=q.device).unsqueeze(1)
+    mask = torch.arange(context_len, device=q.device).unsqueeze(0) <= q_pos
+    out = F.scaled_dot_product_attention(
+        q, k.unsqueeze(0), v.unsqueeze(0), attn_mask=mask, scale=scale, enable_gqa=True
+    )
+    return out[0].transpose(0, 1)

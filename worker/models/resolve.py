@@ -1,0 +1,34 @@
+"""Where a model named on the command line or in a fleet file lives: an HF folder as is, or
+``dummy:<preset>[:seed]`` materialised once into the cache (safe across processes: built in a
+temporary folder and renamed into place)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from worker.models.dummy import hf_config, save_dummy
+from worker.models.registry import model_folder, parse_dummy
+
+
+def resolve_model_path(model: str) -> Path:
+    """A folder path as is; ``dummy:<preset>[:seed]`` materialised once into the cache."""
+    dummy = parse_dummy(model)
+    if dummy is None:
+        return Path(model)
+    preset, seed = dummy
+    hf_config(preset)  # validates the preset name
+    target = model_folder(model)
+    if (target / "model.safetensors").is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{preset}-", dir=target.parent))
+    try:
+        save_dummy(preset, tmp, seed)
+        os.replace(tmp, target) if not target.exists() else shutil.rmtree(tmp)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target
