@@ -26,6 +26,7 @@ from typing import Any
 
 import redis
 
+from infra.jobs.webhooks import enqueue_webhook
 from infra.settings import Settings
 from infra.wire import queues
 from infra.wire.heartbeats import Heartbeat
@@ -318,8 +319,6 @@ class WorkerService:
             self._idle_since = time.time()
 
     def _send_webhooks(self) -> None:
-        from infra.jobs.webhooks import enqueue_webhook
-
         while self._webhooks:
             job_id, status = self._webhooks[0]
             enqueue_webhook(job_id, status)  # raises while the broker is away: kept

@@ -18,21 +18,7 @@ from typing import Any
 
 import redis
 
-
-class WebhookKeys:
-    """Key names of webhook delivery (to join ``infra.wire.protocol.Keys``)."""
-
-    due = "tide:webhooks:due"  # zset msg_id -> next due time (unix seconds)
-
-    @staticmethod
-    def delivery(msg_id: str) -> str:
-        """Hash: kind, obj_id, ticket (the dispatch count; the current holder's proof)."""
-        return f"tide:webhook:{msg_id}"
-
-    @staticmethod
-    def disabled(tenant: str) -> str:
-        """Hash: webhook url -> why and when it was disabled."""
-        return f"tide:tenant:{tenant}:webhooks_disabled"
+from infra.wire.protocol import Keys
 
 
 @dataclass(frozen=True)
@@ -84,24 +70,26 @@ class WebhookStore:
     def schedule(self, delivery: Delivery, due: float | None = None) -> None:
         """Make a delivery pending (due now by default); one already pending is left as it is."""
         pipe = self.r.pipeline()
-        key = WebhookKeys.delivery(delivery.msg_id)
+        key = Keys.webhook(delivery.msg_id)
         pipe.hset(key, mapping={"kind": delivery.kind, "obj_id": delivery.obj_id})
-        pipe.zadd(WebhookKeys.due, {delivery.msg_id: time.time() if due is None else due}, nx=True)
+        pipe.zadd(
+            Keys.webhooks_due, {delivery.msg_id: time.time() if due is None else due}, nx=True
+        )
         pipe.execute()
 
     def claim_due(self, now: float | None = None, limit: int = 100) -> list[Delivery]:
         """Take the due deliveries for one lease each; each comes with a fresh ticket."""
         now = time.time() if now is None else now
-        prefix = WebhookKeys.delivery("")
+        prefix = Keys.webhook("")
         rows = self._claim(
-            keys=[WebhookKeys.due], args=[now, now + self.lease_seconds, limit, prefix]
+            keys=[Keys.webhooks_due], args=[now, now + self.lease_seconds, limit, prefix]
         )
         return [
             Delivery(_s(kind), _s(obj), _s(msg), int(ticket)) for msg, kind, obj, ticket in rows
         ]
 
     def holds(self, delivery: Delivery) -> bool:
-        ticket = self.r.hget(WebhookKeys.delivery(delivery.msg_id), "ticket")
+        ticket = self.r.hget(Keys.webhook(delivery.msg_id), "ticket")
         return _s(ticket) == str(delivery.ticket)
 
     def settle(
@@ -114,7 +102,7 @@ class WebhookStore:
             str(x).encode(errors="backslashreplace").decode() for kv in fields.items() for x in kv
         ]
         due = "" if next_due is None else repr(next_due)
-        keys = [WebhookKeys.due, WebhookKeys.delivery(delivery.msg_id), record_key]
+        keys = [Keys.webhooks_due, Keys.webhook(delivery.msg_id), record_key]
         return bool(self._settle(keys=keys, args=[delivery.msg_id, delivery.ticket, due, *pairs]))
 
     def record(self, key: str) -> dict[str, str]:
@@ -122,17 +110,17 @@ class WebhookStore:
         return {_s(k): _s(v) for k, v in self.r.hgetall(key).items()}
 
     def pending(self) -> int:
-        return int(self.r.zcard(WebhookKeys.due))
+        return int(self.r.zcard(Keys.webhooks_due))
 
     def disable(self, tenant: str, url: str, reason: str) -> None:
-        self.r.hset(WebhookKeys.disabled(tenant), url, f"{reason} at {_iso(time.time())}")
+        self.r.hset(Keys.webhooks_disabled(tenant), url, f"{reason} at {_iso(time.time())}")
 
     def disabled_reason(self, tenant: str, url: str) -> str | None:
-        value = self.r.hget(WebhookKeys.disabled(tenant), url)
+        value = self.r.hget(Keys.webhooks_disabled(tenant), url)
         return _s(value) if value is not None else None
 
     def enable(self, tenant: str, url: str) -> bool:
-        return bool(self.r.hdel(WebhookKeys.disabled(tenant), url))
+        return bool(self.r.hdel(Keys.webhooks_disabled(tenant), url))
 
 
 def _s(value: bytes | str | None) -> str:

@@ -55,6 +55,18 @@ def consume_order(buckets: list[str]) -> list[str]:
 class Keys:
     """The Redis key schema, in one place."""
 
+    webhooks_due = "tide:webhooks:due"  # zset webhook-id -> next due time (unix seconds)
+
+    @staticmethod
+    def webhook(msg_id: str) -> str:
+        """Hash: kind, obj_id, ticket (the dispatch count; the current holder's proof)."""
+        return f"tide:webhook:{msg_id}"
+
+    @staticmethod
+    def webhooks_disabled(tenant: str) -> str:
+        """Hash: webhook url -> why and when it was disabled."""
+        return f"tide:tenant:{tenant}:webhooks_disabled"
+
     @staticmethod
     def job(job_id: str) -> str:
         return f"tide:job:{job_id}"

@@ -24,7 +24,7 @@ from infra.jobs.webhook_policy import (
     parse_retry_after,
     retry_delay,
 )
-from infra.jobs.webhook_store import Delivery, WebhookKeys, WebhookStore
+from infra.jobs.webhook_store import Delivery, WebhookStore
 from infra.jobs.webhooks import (
     ReceiverSlots,
     UnsafeWebhookTarget,
@@ -34,6 +34,7 @@ from infra.jobs.webhooks import (
     receiver_of,
 )
 from infra.settings import Settings
+from infra.wire.protocol import Keys
 
 LEASE = 30.0
 
@@ -152,10 +153,10 @@ def test_claim_leases_and_only_the_ticket_holder_settles(redis_client):
     assert second.ticket == 2 and not store.holds(first) and store.holds(second)
     assert not store.settle(first, "tide:job:j1", None, webhook_status="delivered")
     assert store.settle(second, "tide:job:j1", now + 5, webhook_status="retrying: HTTP 500")
-    assert redis_client.zscore(WebhookKeys.due, "msg_j1_completed") == pytest.approx(now + 5)
+    assert redis_client.zscore(Keys.webhooks_due, "msg_j1_completed") == pytest.approx(now + 5)
     assert store.settle(second, "tide:job:j1", None, webhook_status="delivered")
     assert store.pending() == 0
-    assert not redis_client.exists(WebhookKeys.delivery("msg_j1_completed"))
+    assert not redis_client.exists(Keys.webhook("msg_j1_completed"))
     assert redis_client.hget("tide:job:j1", "webhook_status") == b"delivered"
 
 
