@@ -8,7 +8,7 @@ MODEL ?= dummy:tiny
 WORKERS ?= 2
 PORT ?= 8000
 
-.PHONY: install kernels up test lint fmt typecheck bench clean
+.PHONY: install kernels browser up test lint fmt typecheck bench clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -23,6 +23,17 @@ install: $(STAMP)
 # a C++ compiler this reports it and the engine keeps its torch path.
 kernels: $(STAMP)
 	$(BIN)/python -c 'from kernels.cpu import main; raise SystemExit(main())'
+
+# Debian's chromium and chromedriver for the console's browser tests (tests/console), which
+# skip without them; apt-get needs root (CI runs as root; .ci/run calls this first).
+browser:
+	@if command -v chromium >/dev/null && command -v chromedriver >/dev/null; then \
+		echo "browser: chromium and chromedriver are installed"; \
+	else \
+		export DEBIAN_FRONTEND=noninteractive; \
+		apt-get update -qq && apt-get install -y -qq \
+			chromium chromium-driver >/dev/null && echo "browser: installed"; \
+	fi
 
 # The embedded fleet: Redis (unless REDIS_URL is set), gateway, workers, webhooks, reaper.
 up: $(STAMP) kernels

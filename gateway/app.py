@@ -15,11 +15,12 @@ import redis
 import redis.asyncio
 from fastapi import FastAPI
 
+from gateway.console import install_console
 from gateway.deps import GatewayState
 from gateway.errors import install_error_handlers
 from gateway.limits import BodySizeLimit
 from gateway.metrics import RequestMetrics
-from gateway.routes import batches, files, health, jobs, openai
+from gateway.routes import batches, files, health, jobs, openai, tokenize
 from infra.batches.store import BatchStore
 from infra.jobs.files import FileStore
 from infra.jobs.storage import make_storage
@@ -79,11 +80,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         version="0.1.0",
         description="Queue-driven LLM inference: submit jobs, poll or stream them, get webhooks.",
         lifespan=lifespan,
+        docs_url=None,  # /docs and /redoc come from installed assets (gateway/console)
+        redoc_url=None,
     )
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(RequestMetrics)  # outermost: it also counts the 413s of the limit
-    for module in (jobs, openai, files, batches, health):
+    for module in (jobs, openai, tokenize, files, batches, health):
         app.include_router(module.router)
+    install_console(app)  # /console, /console/api/*, /docs and /redoc (offline)
 
     install_error_handlers(app)
     return app

@@ -33,6 +33,7 @@ class GatewayState:
     batches: BatchStore
     load_error: str | None = None
     tokenize_limiter: anyio.CapacityLimiter = field(init=False)
+    serving_cache: tuple[float, set[str]] | None = None  # gateway/capacity.py
 
     def __post_init__(self) -> None:
         self.create_script = self.aredis.register_script(job_scripts.CREATE)
@@ -58,13 +59,25 @@ async def get_state(request: Request) -> GatewayState:
 StateDep = Annotated[GatewayState, Depends(get_state)]
 
 
+def bearer_token(request: Request) -> str:
+    """The key of 'Authorization: Bearer <key>', or ''."""
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    return token if scheme.lower() == "bearer" else ""
+
+
+def is_operator(settings: Settings, token: str) -> bool:
+    """An operator key (TIDE_ADMIN_KEYS); with no keys configured at all, everyone is."""
+    if not settings.admin_keys:
+        return not settings.api_keys
+    return token in settings.admin_keys
+
+
 async def current_tenant(request: Request, state: StateDep) -> str:
     keys = state.settings.api_keys
     if not keys:
         return "default"
-    header = request.headers.get("authorization", "")
-    scheme, _, token = header.partition(" ")
-    if scheme.lower() != "bearer" or token not in keys:
+    token = bearer_token(request)
+    if token not in keys:
         raise HTTPException(
             status_code=401,
             detail="missing or invalid API key: send 'Authorization: Bearer <key>'",

@@ -44,6 +44,10 @@ class Settings(BaseSettings):
 
     # Auth: bearer key -> tenant. Empty means open access as tenant "default".
     api_keys: dict[str, str] = Field(default_factory=dict)
+    # Operator keys (TIDE_ADMIN_KEYS='["<key>", ...]'): the console's fleet-wide views
+    # (workers, pools, every tenant's counts). With no API keys and no admin keys (a local
+    # `tide up`), everyone is the operator.
+    admin_keys: list[str] = Field(default_factory=list)
     # Standard Webhooks secrets per tenant ("whsec_..."); "*" is the fallback.
     webhook_secrets: dict[str, str] = Field(default_factory=lambda: {"*": DEV_WEBHOOK_SECRET})
     webhook_allow_hosts: list[str] = Field(

@@ -68,6 +68,7 @@ def write_kv_cache(
 ) -> None:
     """Scatter the step's new K and V ([T, kv_heads, head_dim]) into their cache slots."""
     if _use_triton(key):
+        # Here, not at the top: Triton is optional (a dev extra; CPU-only installs lack it).
         from kernels import triton_attention
 
         triton_attention.write_kv_cache(key, value, k_cache, v_cache, slot_mapping)
@@ -75,9 +76,7 @@ def write_kv_cache(
     if decode_reads_rows_in_place(key.device, key.dtype):
         cpu_kernels.ops().write_kv_cache(key, value, k_cache, v_cache, slot_mapping)
         return
-    num_kv_heads, head_dim = k_cache.shape[0], k_cache.shape[3]
-    k_cache.view(num_kv_heads, -1, head_dim).index_copy_(1, slot_mapping, key.transpose(0, 1))
-    v_cache.view(num_kv_heads, -1, head_dim).index_copy_(1, slot_mapping, value.transpose(0, 1))
+    torch_attention.write_kv_cache(key, value, k_cache, v_cache, slot_mapping)
 
 
 def paged_attention(
@@ -126,6 +125,7 @@ def _triton_attention(
     meta: AttentionMetadata,
     scale: float,
 ) -> torch.Tensor:
+    # Here, not at the top: Triton is optional (a dev extra; CPU-only installs lack it).
     from kernels import triton_attention as tk
 
     out = torch.empty_like(query)

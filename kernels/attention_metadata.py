@@ -34,3 +34,13 @@ class AttentionMetadata:
     block_size: int
     decode_groups: list[DecodeGroup] = field(default_factory=list)
     prefills: list[PrefillChunk] = field(default_factory=list)
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """Every tensor, by a readable name (device checks)."""
+        out = {"slot_mapping": self.slot_mapping}
+        for i, g in enumerate(self.decode_groups):
+            out |= {f"decode_groups[{i}].{name}": getattr(g, name)
+                    for name in ("block_tables", "mask", "context_lens")}  # fmt: skip
+        for i, c in enumerate(self.prefills):
+            out[f"prefills[{i}].block_table"] = c.block_table
+        return out

@@ -9,6 +9,23 @@ import torch.nn.functional as F
 from kernels.attention_metadata import DecodeGroup, PrefillChunk
 
 
+def write_kv_cache(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Scatter [T, kv_heads, head_dim] K/V into their slots; slot -1 (a padding row) is
+    skipped. Checking for padding reads the slots back (free on CPU, a sync elsewhere)."""
+    keep = slot_mapping >= 0
+    if not bool(keep.all()):
+        key, value, slot_mapping = key[keep], value[keep], slot_mapping[keep]
+    num_kv_heads, head_dim = k_cache.shape[0], k_cache.shape[3]
+    k_cache.view(num_kv_heads, -1, head_dim).index_copy_(1, slot_mapping, key.transpose(0, 1))
+    v_cache.view(num_kv_heads, -1, head_dim).index_copy_(1, slot_mapping, value.transpose(0, 1))
+
+
 def gather_blocks(cache: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
     """[kv_heads, len(block_ids), block_size * head_dim]: the blocks, copied contiguously.
 

@@ -14,6 +14,16 @@ Cache layout as in ``kernels.attention``: ``[kv_heads, num_blocks, block_size, h
 ``tl.dot`` operands are at least 16 in each dimension (what a GPU compile accepts), so
 the kernels need block_size >= 16 and head_dim >= 16; query-head groups are padded to 16.
 On CPU they run under ``TRITON_INTERPRET=1`` for tests.
+
+Padding (CUDA graphs pad a decode batch to a captured size): a KV write to slot -1 is
+skipped, and a row of context length 0 attends to nothing and comes out as zeros.
+
+No recompiles while serving: the decode kernels' specialisation does not depend on the
+context length. A step uses at most ``MAX_PARTITIONS`` partitions of ``PARTITION_SIZE``
+tokens; longer contexts get longer partitions (a runtime argument), and the reduction
+loops over a runtime partition count. Arguments that vary with the step are listed in
+``do_not_specialize`` so not even their divisibility by 16 picks a variant. Launches go
+through ``kernels.launch`` (device checks; the record a test counts variants with).
 """
 
 from __future__ import annotations
@@ -24,7 +34,10 @@ import torch
 import triton
 import triton.language as tl
 
-PARTITION_SIZE = 512  # context tokens per decode program before the reduction pass
+from kernels.launch import launch
+
+PARTITION_SIZE = 512  # context tokens per decode program before the reduction pass (at least)
+MAX_PARTITIONS = 16  # decode programs per (sequence, KV head); past 8k tokens partitions grow
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
 
@@ -47,6 +60,7 @@ def _write_kv_kernel(
     d = tl.arange(0, BLOCK_D)
     dmask = d < HEAD_DIM
     slot = tl.load(slots + t).to(tl.int64)
+    dmask = dmask & (tl.zeros_like(d) + slot >= 0)  # slot -1: a padding row, nothing written
     dst = h * cache_head_stride + slot * HEAD_DIM + d
     k = tl.load(key + t * stride_kt + h * stride_kh + d, mask=dmask)
     v = tl.load(value + t * stride_vt + h * stride_vh + d, mask=dmask)
@@ -61,15 +75,18 @@ def write_kv_cache(
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
 ) -> None:
+    """Slot -1 marks a padding row: skipped."""
     num_tokens, num_kv_heads, head_dim = key.shape
     if num_tokens == 0:
         return
     head_stride = k_cache.shape[1] * k_cache.shape[2] * head_dim
-    _write_kv_kernel[(num_tokens, num_kv_heads)](
-        key, value, k_cache, v_cache, slot_mapping,
-        key.stride(0), key.stride(1), value.stride(0), value.stride(1), head_stride,
-        HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim),
+    args = dict(
+        key=key, value=value, k_cache=k_cache, v_cache=v_cache, slots=slot_mapping,
+        stride_kt=key.stride(0), stride_kh=key.stride(1),
+        stride_vt=value.stride(0), stride_vh=value.stride(1), cache_head_stride=head_stride,
     )  # fmt: skip
+    constexprs = dict(HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim))
+    launch(_write_kv_kernel, (num_tokens, num_kv_heads), "write_kv_cache", args, constexprs)
 
 
 @triton.jit
@@ -87,15 +104,18 @@ def _attend(q, k, v, visible, m_i, l_i, acc, scale, UPCAST: tl.constexpr):
     return m_new, l_i, acc
 
 
-@triton.jit
+_DECODE_UNSPECIALISED = ("stride_bt", "partition")
+
+
+@triton.jit(do_not_specialize=_DECODE_UNSPECIALISED)
 def _decode_kernel(
     query, k_cache, v_cache, block_tables, context_lens,
     part_acc, part_max, part_sum,
     stride_qn, stride_qh, stride_bt,
-    cache_head_stride, scale,
-    NUM_PARTITIONS: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
+    cache_head_stride, scale, partition,
+    GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    PARTITION: tl.constexpr, UPCAST: tl.constexpr,
+    UPCAST: tl.constexpr,
 ):  # fmt: skip
     seq = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -113,8 +133,8 @@ def _decode_kernel(
     if UPCAST:
         q = q.to(tl.float32)
     context = tl.load(context_lens + seq)
-    start = part * PARTITION
-    end = tl.minimum(start + PARTITION, context)
+    start = part * partition  # a multiple of BLOCK_SIZE
+    end = tl.minimum(start + partition, context)
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
@@ -130,35 +150,38 @@ def _decode_kernel(
         )
         visible = tl.broadcast_to(valid[None, :], (BLOCK_G, BLOCK_SIZE))
         m_i, l_i, acc = _attend(q, k, v, visible, m_i, l_i, acc, scale, UPCAST)
-    base = (seq * tl.num_programs(1) + kvh) * NUM_PARTITIONS + part
+    base = (seq * tl.num_programs(1) + kvh) * tl.num_programs(2) + part
     tl.store(part_max + base * BLOCK_G + g, m_i)
     tl.store(part_sum + base * BLOCK_G + g, l_i)
     tl.store(part_acc + (base * BLOCK_G + g[:, None]) * BLOCK_D + d[None, :], acc)
 
 
-@triton.jit
+_REDUCE_UNSPECIALISED = ("num_parts",)
+
+
+@triton.jit(do_not_specialize=_REDUCE_UNSPECIALISED)
 def _reduce_kernel(
-    out, part_acc, part_max, part_sum, stride_on, stride_oh,
-    NUM_PARTITIONS: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    out, part_acc, part_max, part_sum, stride_on, stride_oh, num_parts,
+    GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
     seq = tl.program_id(0)
     kvh = tl.program_id(1)
     g = tl.arange(0, BLOCK_G)
     d = tl.arange(0, BLOCK_D)
     m = tl.full([BLOCK_G], float("-inf"), tl.float32)
-    for part in range(NUM_PARTITIONS):
-        base = (seq * tl.num_programs(1) + kvh) * NUM_PARTITIONS + part
+    for part in range(num_parts):
+        base = (seq * tl.num_programs(1) + kvh) * num_parts + part
         m = tl.maximum(m, tl.load(part_max + base * BLOCK_G + g))
     total = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-    for part in range(NUM_PARTITIONS):
-        base = (seq * tl.num_programs(1) + kvh) * NUM_PARTITIONS + part
+    for part in range(num_parts):
+        base = (seq * tl.num_programs(1) + kvh) * num_parts + part
         pm = tl.load(part_max + base * BLOCK_G + g)
         w = tl.where(pm == float("-inf"), 0.0, tl.exp(pm - m))
         total += tl.load(part_sum + base * BLOCK_G + g) * w
         acc += tl.load(part_acc + (base * BLOCK_G + g[:, None]) * BLOCK_D + d[None, :]) * w[:, None]
-    result = acc / total[:, None]
+    # A zero-length context (a padding row) has total 0 and acc 0: zeros, not 0/0.
+    result = acc / tl.where(total > 0, total, 1.0)[:, None]
     heads = kvh * GROUP + g
     mask = (g < GROUP)[:, None] & (d < HEAD_DIM)[None, :]
     ptrs = out + seq * stride_on + heads[:, None] * stride_oh + d[None, :]
@@ -179,29 +202,44 @@ def decode_attention(
     num_kv_heads, _, block_size, _ = k_cache.shape
     group = num_heads // num_kv_heads
     block_g, block_d = max(16, triton.next_power_of_2(group)), triton.next_power_of_2(head_dim)
-    partition = max(PARTITION_SIZE, block_size)
-    num_parts = max(1, triton.cdiv(max_context, partition))
+    partition, num_parts = decode_partitions(max_context, block_size)
     shape = (n, num_kv_heads, num_parts, block_g)
     part_max = torch.empty(shape, dtype=torch.float32, device=query.device)
     part_sum = torch.empty_like(part_max)
     part_acc = torch.empty((*shape, block_d), dtype=torch.float32, device=query.device)
     head_stride = k_cache.shape[1] * block_size * head_dim
-    _decode_kernel[(n, num_kv_heads, num_parts)](
-        query, k_cache, v_cache, block_tables, context_lens, part_acc, part_max, part_sum,
-        query.stride(0), query.stride(1), block_tables.stride(0), head_stride, scale,
-        NUM_PARTITIONS=num_parts, GROUP=group, BLOCK_G=block_g, HEAD_DIM=head_dim,
-        BLOCK_D=block_d, BLOCK_SIZE=block_size, PARTITION=partition, UPCAST=_upcast(query),
+    args = dict(
+        query=query, k_cache=k_cache, v_cache=v_cache, block_tables=block_tables,
+        context_lens=context_lens, part_acc=part_acc, part_max=part_max, part_sum=part_sum,
+        stride_qn=query.stride(0), stride_qh=query.stride(1), stride_bt=block_tables.stride(0),
+        cache_head_stride=head_stride, scale=scale, partition=partition,
     )  # fmt: skip
+    shared = dict(GROUP=group, BLOCK_G=block_g, HEAD_DIM=head_dim, BLOCK_D=block_d)
+    constexprs = dict(shared, BLOCK_SIZE=block_size, UPCAST=_upcast(query))
+    grid = (n, num_kv_heads, num_parts)
+    launch(_decode_kernel, grid, "decode_attention", args, constexprs, _DECODE_UNSPECIALISED)
     out = torch.empty_like(query)
-    _reduce_kernel[(n, num_kv_heads)](
-        out, part_acc, part_max, part_sum, out.stride(0), out.stride(1),
-        NUM_PARTITIONS=num_parts, GROUP=group, BLOCK_G=block_g, HEAD_DIM=head_dim,
-        BLOCK_D=block_d,
+    args = dict(
+        out=out, part_acc=part_acc, part_max=part_max, part_sum=part_sum,
+        stride_on=out.stride(0), stride_oh=out.stride(1), num_parts=num_parts,
     )  # fmt: skip
+    launch(_reduce_kernel, grid[:2], "decode_reduce", args, shared, _REDUCE_UNSPECIALISED)
     return out
 
 
-@triton.jit
+def decode_partitions(max_context: int, block_size: int) -> tuple[int, int]:
+    """(tokens per partition, partitions): at most MAX_PARTITIONS, each a multiple of
+    PARTITION_SIZE and of the block size (a partition starts on a block edge)."""
+    unit = max(PARTITION_SIZE, block_size)  # powers of two: a multiple of both
+    needed = max(1, triton.cdiv(max_context, unit))
+    partition = unit * triton.cdiv(needed, MAX_PARTITIONS)
+    return partition, max(1, triton.cdiv(max_context, partition))
+
+
+_PREFILL_UNSPECIALISED = ("start_pos", "q_len")
+
+
+@triton.jit(do_not_specialize=_PREFILL_UNSPECIALISED)
 def _prefill_kernel(
     out, query, k_cache, v_cache, block_table,
     stride_qt, stride_qh, stride_ot, stride_oh,
@@ -260,12 +298,18 @@ def prefill_attention(
     num_kv_heads, _, block_size, _ = k_cache.shape
     out = torch.empty_like(query)
     block_m = 16 if q_len <= 16 else 32
-    _prefill_kernel[(triton.cdiv(q_len, block_m), num_heads)](
-        out, query, k_cache, v_cache, block_table,
-        query.stride(0), query.stride(1), out.stride(0), out.stride(1),
-        k_cache.shape[1] * block_size * head_dim, scale, start_pos, q_len,
+    args = dict(
+        out=out, query=query, k_cache=k_cache, v_cache=v_cache, block_table=block_table,
+        stride_qt=query.stride(0), stride_qh=query.stride(1),
+        stride_ot=out.stride(0), stride_oh=out.stride(1),
+        cache_head_stride=k_cache.shape[1] * block_size * head_dim, scale=scale,
+        start_pos=start_pos, q_len=q_len,
+    )  # fmt: skip
+    constexprs = dict(
         GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim,
         BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_M=block_m, BLOCK_SIZE=block_size,
         UPCAST=_upcast(query),
     )  # fmt: skip
+    grid = (triton.cdiv(q_len, block_m), num_heads)
+    launch(_prefill_kernel, grid, "prefill_attention", args, constexprs, _PREFILL_UNSPECIALISED)
     return out

@@ -25,7 +25,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from infra.cli.batch import run_fleet, run_offline  # noqa: E402
+from infra.cli.batch import run_fleet  # noqa: E402
+from infra.cli.batch_offline import run_offline  # noqa: E402
 from infra.fleet.local_fleet import wait_ready  # noqa: E402
 from infra.fleet.redis_server import free_port  # noqa: E402
 

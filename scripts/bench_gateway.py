@@ -34,13 +34,9 @@ sys.path.insert(0, str(ROOT))
 
 from infra.fleet.local_fleet import wait_ready  # noqa: E402
 from infra.fleet.redis_server import EmbeddedRedis, free_port  # noqa: E402
+from infra.stats import percentile  # noqa: E402
 
 STORIES = ROOT.parent / "shared/models/stories260K"
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 async def open_loop(url: str, rate: float, n: int, concurrency: int, warmup: int = 0) -> dict:
@@ -83,10 +79,10 @@ async def open_loop(url: str, rate: float, n: int, concurrency: int, warmup: int
         "offered_rate": rate,
         "requests": n,
         "warmup_requests": warmup,
-        "warmup_p99_ms": 1e3 * percentile(warm_latencies, 0.99) if warm_latencies else None,
+        "warmup_p99_ms": 1e3 * percentile(warm_latencies, 99) if warm_latencies else None,
         "accepted_per_s": codes.get(202, 0) / elapsed,
-        "p50_ms": 1e3 * percentile(latencies, 0.5),
-        "p99_ms": 1e3 * percentile(latencies, 0.99),
+        "p50_ms": 1e3 * percentile(latencies, 50),
+        "p99_ms": 1e3 * percentile(latencies, 99),
         "codes": codes,
     }
 
@@ -105,7 +101,7 @@ def pickup(url: str, r: redis.Redis, n: int) -> dict:
     return {
         "jobs": n,
         "p50_ms": 1e3 * statistics.median(waits),
-        "p99_ms": 1e3 * percentile(waits, 0.99),
+        "p99_ms": 1e3 * percentile(waits, 99),
     }
 
 

@@ -2,31 +2,30 @@
 
 Names mirror vLLM's (`vllm:` becomes `tide:`), labelled by model and pool. Every engine
 step calls `WorkerMetrics.on_step` (the engine's `on_step` hook); utilisation per step
-comes from the model's shapes, the tokens and KV positions of the step, its wall time and
-the device's peaks (the table in infra/plan/devices.py on a known GPU, a short measurement
-elsewhere, or the settings' overrides). docs/observability.md lists every series.
+comes from the roofline cost model (infra/plan/roofline.py: the model's shapes, the tokens
+and KV positions of the step) over its wall time and the device's peaks
+(worker/device_peaks.py). docs/observability.md lists every series.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
 import socket
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 from prometheus_client.exposition import start_http_server
 
-from infra.plan.devices import get_device, guess_device
+from infra.plan.roofline import DevicePeaks, ModelCost, utilisation
+from infra.settings import Settings
+from worker.device_peaks import device_peaks
+from worker.engine.outputs import RequestOutput, StepStats
 
-if TYPE_CHECKING:
-    from infra.settings import Settings
-    from worker.engine.llm_engine import LLMEngine, RequestOutput, StepStats
-    from worker.models.config import ModelConfig
+if TYPE_CHECKING:  # annotations only: importing the engine loads torch, which this need not
+    from worker.engine.llm_engine import LLMEngine
 
 log = logging.getLogger(__name__)
 
@@ -40,130 +39,12 @@ TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 EMA_TAU_S = 5.0  # the utilisation EMA forgets over about this much busy (stepping) time
 
 
-# -- the arithmetic ----------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ModelCost:
-    """Per-step FLOPs and bytes of a Llama-family model, from its shapes alone."""
-
-    linear_params: int  # weights every token multiplies (all layers' projections)
-    head_params: int  # the LM head: only sampled rows run it
-    num_layers: int
-    num_heads: int
-    head_dim: int
-    dtype_bytes: int
-    kv_bytes_per_token: int
-
-    @classmethod
-    def from_config(cls, cfg: ModelConfig, dtype_bytes: int) -> ModelCost:
-        d, q, kv = cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-        per_layer = d * (q + 2 * kv) + q * d + 3 * d * cfg.intermediate_size
-        return cls(
-            linear_params=cfg.num_layers * per_layer,
-            head_params=cfg.vocab_size * d,
-            num_layers=cfg.num_layers,
-            num_heads=cfg.num_heads,
-            head_dim=cfg.head_dim,
-            dtype_bytes=dtype_bytes,
-            kv_bytes_per_token=cfg.kv_bytes_per_token(dtype_bytes),
-        )
-
-    @property
-    def weight_bytes(self) -> int:
-        """Read once per step whatever the batch (the embedding table's lookups are noise)."""
-        return (self.linear_params + self.head_params) * self.dtype_bytes
-
-    def flops(self, num_tokens: int, num_sampled: int, attn_context_sum: int) -> float:
-        """2 x params per token for matmuls; 4 x layers x heads x head_dim per attended position."""
-        matmul = 2 * (self.linear_params * num_tokens + self.head_params * num_sampled)
-        attention = 4 * self.num_layers * self.num_heads * self.head_dim * attn_context_sum
-        return float(matmul + attention)
-
-    def bytes_moved(self, kv_tokens_read: int, kv_tokens_written: int) -> float:
-        kv = self.kv_bytes_per_token * (kv_tokens_read + kv_tokens_written)
-        return float(self.weight_bytes + kv)
-
-
-@dataclass(frozen=True)
-class DevicePeaks:
-    flops: float  # FLOP/s at the model's dtype
-    bandwidth: float  # bytes/s
-    source: str  # table:<name> | measured | override
-
-
-def utilisation(
-    flops: float, nbytes: float, seconds: float, peaks: DevicePeaks
-) -> tuple[float, float]:
-    """(MFU, MBU) of one step: achieved FLOP/s and bytes/s over the device's peaks."""
-    if seconds <= 0:
-        return 0.0, 0.0
-    return flops / seconds / peaks.flops, nbytes / seconds / peaks.bandwidth
-
-
 def ema(previous: float | None, value: float, dt: float, tau: float = EMA_TAU_S) -> float:
     """Exponential moving average weighted by time: a long step counts more than a short one."""
     if previous is None:
         return value
     alpha = 1.0 - math.exp(-dt / tau)
     return previous + alpha * (value - previous)
-
-
-# -- device peaks ----------------------------------------------------------------------------
-
-
-@functools.cache
-def measure_peaks(device: str, dtype_name: str) -> DevicePeaks:
-    """A matmul and a large copy, best of three each: well under a second on a CPU."""
-    import torch
-
-    dev, dtype = torch.device(device), getattr(torch, dtype_name)
-    n, numel = (8192, 1 << 28) if dev.type == "cuda" else (1024, 1 << 25)
-
-    def best_of(fn: Any, repeats: int = 3) -> float:
-        fn()  # warm-up: page faults, kernel selection
-        times = []
-        for _ in range(repeats):
-            if dev.type == "cuda":
-                torch.cuda.synchronize(dev)
-            start = time.perf_counter()
-            fn()
-            if dev.type == "cuda":
-                torch.cuda.synchronize(dev)
-            times.append(time.perf_counter() - start)
-        return max(min(times), 1e-9)
-
-    a = torch.randn(n, n, device=dev).to(dtype)
-    b = torch.randn(n, n, device=dev).to(dtype)
-    flops = 2 * n**3 / best_of(lambda: a @ b)
-    src = torch.empty(numel, dtype=torch.float32, device=dev)
-    dst = torch.empty_like(src)
-    bandwidth = 2 * src.nbytes / best_of(lambda: dst.copy_(src))  # read + write
-    return DevicePeaks(flops, bandwidth, "measured")
-
-
-def device_peaks(device: str, dtype_name: str, settings: Settings | None = None) -> DevicePeaks:
-    """Overrides first, then the device table (a known GPU), else a start-up measurement."""
-    sixteen_bit = dtype_name in ("bfloat16", "float16")
-    spec = None
-    if settings is not None and settings.worker_device:
-        spec = get_device(settings.worker_device)
-    elif device.startswith("cuda"):
-        import torch
-
-        spec = guess_device(torch.cuda.get_device_name(torch.device(device)))
-    if spec is not None and spec.name != "cpu":
-        flops = spec.peak_flops_16bit if sixteen_bit else spec.peak_flops_fp32
-        peaks = DevicePeaks(flops, spec.mem_bandwidth, f"table:{spec.name}")
-    else:
-        peaks = measure_peaks(device, dtype_name)
-    if settings is not None and (settings.worker_peak_flops or settings.worker_peak_bandwidth):
-        peaks = DevicePeaks(
-            settings.worker_peak_flops or peaks.flops,
-            settings.worker_peak_bandwidth or peaks.bandwidth,
-            "override",
-        )
-    return peaks
 
 
 def model_label(name: str) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import random
 import time
+from collections.abc import Callable
 
 log = logging.getLogger("worker.service")
 
@@ -19,7 +20,7 @@ BACKOFF_MAX_S = 5.0
 
 
 class Outage:
-    def __init__(self, worker_id: str, clock=time.monotonic) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, worker_id: str, clock: Callable[[], float] = time.monotonic) -> None:
         self.worker_id = worker_id
         self.clock = clock
         self.down_since: float | None = clock()

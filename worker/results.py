@@ -1,4 +1,4 @@
-"""What a worker holds and what it has produced that Redis has not confirmed yet.
+"""What a worker has produced that Redis has not confirmed yet.
 
 The engine's outputs are recorded here first, in memory (stream deltas, first-token
 times, jobs that started computing, terminal results), then written to Redis in one
@@ -7,10 +7,15 @@ result is durable (or moot). While Redis is away, recording goes on and nothing 
 written; when it is back, one flush writes everything the outage held up. A repeated
 write is harmless: a finish from a holder that lost its lease is dropped by the job
 store, and a start mark is set once.
+
+Outputs are per choice (``worker.held``); a job's result is recorded once, when its last
+choice ends. A delta names its choice (``i``) and, when the job asked for logprobs,
+carries their entries for its tokens (``lp``, JSON).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -20,24 +25,10 @@ from infra.wire import queues
 from infra.wire.jobstore import JobStore
 from infra.wire.protocol import JobStatus, Keys
 from worker.engine import RequestOutput
+from worker.held import Held, HeldJob
+from worker.logprobs import LogprobEntries
 
 log = logging.getLogger(__name__)
-
-FINISH_STATUS = {"stop": JobStatus.COMPLETED, "length": JobStatus.COMPLETED}
-
-
-@dataclass
-class HeldJob:
-    job_id: str
-    token: str
-    tenant: str
-    message: queues.Delivery
-    has_webhook: bool
-    streams: bool = True  # batch jobs publish no per-step deltas: nobody follows them live
-    first_token_at: float | None = None
-    started: bool = False  # the engine has computed some of it (marked in Redis once)
-    completion_tokens: int = 0
-    work: int = 0  # prompt + max tokens: what the queue counted as backlog
 
 
 @dataclass
@@ -51,7 +42,8 @@ class Saved:
 
 @dataclass
 class PendingWrites:
-    deltas: list[tuple[str, str, int]] = field(default_factory=list)  # job, text, tokens
+    entries: LogprobEntries = field(default_factory=lambda: LogprobEntries(None))
+    deltas: list[tuple[str, dict[str, Any]]] = field(default_factory=list)  # job id, event
     first_tokens: list[HeldJob] = field(default_factory=list)
     started: list[HeldJob] = field(default_factory=list)
     finished: list[tuple[HeldJob, JobStatus, dict[str, Any]]] = field(default_factory=list)
@@ -59,46 +51,56 @@ class PendingWrites:
     def __bool__(self) -> bool:
         return bool(self.deltas or self.first_tokens or self.started or self.finished)
 
-    def record(self, held: dict[str, HeldJob], outputs: list[RequestOutput]) -> None:
-        """A step's outputs, for the jobs this worker holds."""
+    def record(self, held: Held, outputs: list[RequestOutput]) -> None:
+        """A step's outputs, for the choices of the jobs this worker holds."""
         now = time.time()
         for out in outputs:
-            job = held.get(out.request_id)
-            if job is None:
+            found = held.choice(out.request_id)
+            if found is None or found[1].done:
                 continue
-            job.completion_tokens += len(out.new_token_ids)
+            job, choice = found
             if job.streams and (out.delta_text or out.new_token_ids):
-                self.deltas.append((job.job_id, out.delta_text, len(out.new_token_ids)))
+                event: dict[str, Any] = {
+                    "type": "delta", "text": out.delta_text, "n": len(out.new_token_ids),
+                    "i": choice.index,
+                }  # fmt: skip
+                if job.logprobs:
+                    event["lp"] = json.dumps(self.entries(out.new_logprobs))
+                self.deltas.append((job.job_id, event))
             if job.first_token_at is None and out.new_token_ids:
                 job.first_token_at = now
                 if job.streams and not out.finished:  # visible while it runs
                     self.first_tokens.append(job)
             if out.finished:
-                self.finish(job, _status(out), out, out.error)
+                choice.done, choice.text = True, out.text
+                choice.finish_reason, choice.error = out.finish_reason or "stop", out.error
+                choice.completion_tokens = len(out.token_ids)
+                if job.logprobs:
+                    choice.logprobs = self.entries(out.logprobs or [])
+                self.finish_if_done(job)
+
+    def finish_if_done(self, job: HeldJob) -> None:
+        """Record the job's result once every choice has ended (once)."""
+        if job.done and not job.ended:
+            fields = job.result()
+            if error := job.error():
+                fields["error"] = error
+            self._finish(job, job.status(), fields)
+
+    def reject(self, job: HeldJob, error: str) -> None:
+        """The job could not be started at all: failed, with no output."""
+        self._finish(job, JobStatus.FAILED, {"error": error})
 
     def mark_started(self, job: HeldJob) -> None:
         if not job.started:
             job.started = True
             self.started.append(job)
 
-    def finish(
-        self,
-        job: HeldJob,
-        status: JobStatus,
-        out: RequestOutput | None = None,
-        error: str | None = None,
-    ) -> None:
-        fields: dict[str, Any] = {"finished_at": time.time()}
+    def _finish(self, job: HeldJob, status: JobStatus, fields: dict[str, Any]) -> None:
+        job.ended = True
+        fields = {"finished_at": time.time()} | fields
         if job.first_token_at is not None:
             fields["first_token_at"] = job.first_token_at
-        if out is not None:
-            fields |= {
-                "text": out.text,
-                "finish_reason": out.finish_reason,
-                "completion_tokens": len(out.token_ids),
-            }
-        if error:
-            fields["error"] = error
         self.finished.append((job, status, fields))
 
     def forget(self, job_id: str) -> None:
@@ -111,8 +113,8 @@ class PendingWrites:
     def flush(self, store: JobStore, pipe: Any, events_ttl: int) -> list[Saved]:
         """Everything pending on one pipeline, executed; cleared only if it succeeded (a
         Redis error leaves it all pending for the next flush)."""
-        for job_id, text, n in self.deltas:
-            pipe.xadd(Keys.events(job_id), {"type": "delta", "text": text, "n": n})
+        for job_id, event in self.deltas:
+            pipe.xadd(Keys.events(job_id), event)
         for job in self.first_tokens:
             store.update(job.job_id, job.token, client=pipe, first_token_at=job.first_token_at)
         for job in self.started:
@@ -132,11 +134,3 @@ class PendingWrites:
         self.deltas, self.first_tokens, self.started, self.finished = [], [], [], []
         won = results[results_at : results_at + len(finished)]
         return [Saved(j, s, bool(w)) for (j, s, _), w in zip(finished, won, strict=True)]
-
-
-def _status(out: RequestOutput) -> JobStatus:
-    if out.finish_reason == "error":
-        return JobStatus.FAILED
-    if out.finish_reason == "abort":
-        return JobStatus.CANCELLED
-    return FINISH_STATUS[out.finish_reason or "stop"]

@@ -13,15 +13,9 @@ from gateway.deps import StateDep, TenantDep
 from gateway.routes.jobs import ERRORS
 from infra.batches.store import new_batch_id, parse_window
 from infra.batches.validate import validate_batch
+from infra.jobs.fields import METADATA_DOC, METADATA_MAX_KEYS, Metadata, NonEmptyText, Text
 from infra.jobs.public import public_batch
-from infra.jobs.schemas import (
-    METADATA_DOC,
-    METADATA_MAX_KEYS,
-    Metadata,
-    NonEmptyText,
-    Text,
-    WebhookSpec,
-)
+from infra.jobs.schemas import WebhookSpec
 from infra.jobs.webhooks import UnsafeWebhookTarget, check_target
 from infra.wire.protocol import Keys
 

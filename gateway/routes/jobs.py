@@ -12,7 +12,7 @@ from sse_starlette.sse import EventSourceResponse
 from gateway.deps import GatewayState, StateDep, TenantDep
 from gateway.events import job_events
 from gateway.submit import submit_job
-from infra.jobs.public import ErrorBody, JobAccepted, JobPublic, job_public
+from infra.jobs.public import ErrorBody, JobAccepted, JobPublic, delta_public, job_public
 from infra.jobs.schemas import JobCreate
 from infra.wire.protocol import JobStatus
 
@@ -63,13 +63,14 @@ async def cancel_job(job_id: str, state: StateDep, tenant: TenantDep) -> JobPubl
 
 @router.get("/{job_id}/events", responses=ERRORS)
 async def stream_job(job_id: str, state: StateDep, tenant: TenantDep) -> EventSourceResponse:
-    """Server-Sent Events: `delta` events with text, then one `done` with the final job."""
+    """Server-Sent Events: `delta` events ({text}, with `index` and `logprobs` when the job
+    asked for choices or logprobs), then one `done` with the final job."""
     await owned_job(state, tenant, job_id)
 
     async def events():  # type: ignore[no-untyped-def]
         async for event in job_events(state, job_id):
             if event["type"] == "delta":
-                yield {"event": "delta", "data": json.dumps({"text": event["text"]})}
+                yield {"event": "delta", "data": json.dumps(delta_public(event))}
             else:
                 final = job_public(await owned_job(state, tenant, job_id))
                 yield {"event": "done", "data": final.model_dump_json()}

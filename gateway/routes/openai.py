@@ -1,100 +1,120 @@
-"""OpenAI-compatible completions and chat completions, riding the job queues."""
+"""OpenAI-compatible completions and chat completions, riding the job queues.
+
+A request becomes its jobs (infra/jobs/openai_request.py: one per prompt), all built and
+checked before any is written; the route then waits for them (or streams them,
+gateway/openai_stream.py) and renders one OpenAI body (infra/jobs/openai_format.py).
+"""
 
 from __future__ import annotations
 
-import json
-import time
-from collections.abc import AsyncIterator
+import asyncio
+from collections.abc import Callable
 from typing import Any, Literal
 
 from fastapi import APIRouter
 from pydantic import BaseModel
-from sse_starlette.sse import EventSourceResponse
 
+from gateway.capacity import check_capacity
 from gateway.deps import GatewayState, StateDep, TenantDep
 from gateway.errors import ApiError
-from gateway.events import job_events
+from gateway.events import many_job_events
+from gateway.openai_stream import StreamPlan, stream_response
 from gateway.routes.jobs import ERRORS
-from gateway.submit import submit_job
-from infra.jobs.openai_format import chat_body, completion_body, unfinished_job
+from gateway.submit import Prepared, prepare, script_call, write_jobs
+from infra.jobs.job_errors import unfinished_job
+from infra.jobs.openai_format import chat_body, completions_body
+from infra.jobs.openai_request import PlannedJob, chat_job, completion_jobs
 from infra.jobs.public import ErrorBody
-from infra.jobs.schemas import ChatCompletionCreate, CompletionCreate, JobCreate, SamplingFields
+from infra.jobs.schemas import ChatCompletionCreate, CompletionCreate
+from infra.jobs.submission import ModelInfo, build_job
+from infra.jobs.tools import ToolRender
 from infra.wire.protocol import Priority
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 
-
-def _job(body: SamplingFields, **input_: Any) -> JobCreate:
-    return JobCreate(**body.sampling(), **input_, priority=Priority.INTERACTIVE)
-
-
-async def _final(state: GatewayState, job_id: str) -> dict[str, str]:
-    """Wait for the job's end (following its event stream); its record if completed."""
-    async for _ in job_events(state, job_id):
-        pass
-    record = await state.get_job(job_id) or {}
-    if record.get("status") != "completed":
-        raise unfinished_job_error(job_id, record)
-    return record
-
-
-def unfinished_job_error(job_id: str, record: dict[str, str]) -> ApiError:
-    status, message, code = unfinished_job(job_id, record)
-    return ApiError(status, message, code=code)
-
-
-def _stream(state: GatewayState, job_id: str, chunk: Any) -> EventSourceResponse:
-    async def events() -> AsyncIterator[dict[str, str]]:
-        async for event in job_events(state, job_id):
-            if event["type"] == "delta" and event["text"]:
-                yield {"data": json.dumps(chunk(event["text"], None))}
-        record = await state.get_job(job_id) or {}
-        yield {"data": json.dumps(chunk("", record.get("finish_reason") or "stop"))}
-        yield {"data": "[DONE]"}
-
-    return EventSourceResponse(events())
-
-
 SYNC_ERRORS: dict[int | str, dict[str, Any]] = {
     **ERRORS,
-    409: {"model": ErrorBody, "description": "the job was cancelled (or expired) meanwhile"},
+    404: {"model": ErrorBody, "description": "the model is not the one this fleet serves"},
+    409: {"model": ErrorBody, "description": "the job was cancelled meanwhile"},
     500: {"model": ErrorBody, "description": "the job failed inside the fleet (its id named)"},
+    503: {"model": ErrorBody, "description": "no worker can take the job; see Retry-After"},
 }
+
+
+def unfinished_job_error(job_id: str, record: dict[str, str] | None) -> ApiError:
+    answer = unfinished_job(job_id, record)
+    return ApiError(answer.status, answer.message, code=answer.code, headers=answer.headers)
+
+
+async def _wait(state: GatewayState, tenant: str, job_ids: list[str]) -> list[dict[str, str]]:
+    """The jobs' records once all completed; the first that did not is the answer."""
+    finals: dict[int, dict[str, str]] = {}
+    async for k, event in many_job_events(state, job_ids):
+        if event.get("type") != "done":
+            continue
+        record = await state.get_job(job_ids[k])
+        if (record or {}).get("status") != "completed":
+            for i, other in enumerate(job_ids):
+                if i != k and i not in finals:
+                    await asyncio.to_thread(state.store.cancel, other, tenant)
+            raise unfinished_job_error(job_ids[k], record)
+        assert record is not None
+        finals[k] = record
+    return [finals[k] for k in range(len(job_ids))]
+
+
+async def _submit(
+    state: GatewayState,
+    tenant: str,
+    plans_of: Callable[[ModelInfo], list[PlannedJob]],
+    chars: int,
+) -> list[Prepared]:
+    def build(model: ModelInfo) -> list[Prepared]:
+        return [
+            script_call(build_job(state.settings, model, tenant, plan.body, None,
+                                  extra_fields=plan.fields, tools=plan.tools))
+            for plan in plans_of(model)
+        ]  # fmt: skip
+
+    jobs = await prepare(state, build, chars)
+    await check_capacity(state, [job for job, _, _ in jobs])
+    return jobs
+
+
+def _include_usage(body: CompletionCreate | ChatCompletionCreate) -> bool:
+    return bool(body.stream_options and body.stream_options.include_usage)
 
 
 @router.post("/completions", responses=SYNC_ERRORS)
 async def completions(body: CompletionCreate, state: StateDep, tenant: TenantDep) -> Any:
-    record = await submit_job(state, tenant, _job(body, prompt=body.prompt), None)
-    job_id, created = record["id"], int(time.time())
-    base = {
-        "id": job_id,
-        "object": "text_completion",
-        "created": created,
-        "model": state.model_name,
-    }
+    def plans(model: ModelInfo) -> list[PlannedJob]:
+        return completion_jobs(body, state.model_name, model, Priority.INTERACTIVE)
+
+    jobs = await _submit(state, tenant, plans, sum(len(p) for p in body.prompts()))
+    ids = [r["id"] for r in await write_jobs(state, tenant, jobs)]
     if body.stream:
-
-        def chunk(text: str, finish: str | None) -> dict[str, Any]:
-            return {**base, "choices": [{"index": 0, "text": text, "finish_reason": finish}]}
-
-        return _stream(state, job_id, chunk)
-    return completion_body(await _final(state, job_id), state.model_name)
+        echo = [job.fields["render"]["echo"] for job, _, _ in jobs] if body.echo else []
+        plan = StreamPlan(ids, tenant, body.n, state.model_name, chat=False,
+                          include_usage=_include_usage(body), echo=echo)  # fmt: skip
+        return stream_response(state, plan)
+    return completions_body(await _wait(state, tenant, ids), state.model_name)
 
 
 @router.post("/chat/completions", responses=SYNC_ERRORS)
 async def chat_completions(body: ChatCompletionCreate, state: StateDep, tenant: TenantDep) -> Any:
-    record = await submit_job(state, tenant, _job(body, messages=body.messages), None)
-    job_id, created = record["id"], int(time.time())
-    base = {"id": job_id, "created": created, "model": state.model_name}
+    def plans(model: ModelInfo) -> list[PlannedJob]:
+        return [chat_job(body, state.model_name, model, Priority.INTERACTIVE)]
+
+    chars = sum(len(m.content or "") + 64 for m in body.messages)
+    jobs = await _submit(state, tenant, plans, chars)
+    ids = [r["id"] for r in await write_jobs(state, tenant, jobs)]
     if body.stream:
-
-        def chunk(text: str, finish: str | None) -> dict[str, Any]:
-            delta = {"role": "assistant", "content": text} if text else {}
-            choice = {"index": 0, "delta": delta, "finish_reason": finish}
-            return {**base, "object": "chat.completion.chunk", "choices": [choice]}
-
-        return _stream(state, job_id, chunk)
-    return chat_body(await _final(state, job_id), state.model_name)
+        tools = jobs[0][0].fields.get("render", {}).get("tools")
+        plan = StreamPlan(ids, tenant, body.n, state.model_name, chat=True,
+                          include_usage=_include_usage(body),
+                          tools=ToolRender.from_dict(tools) if tools else None)  # fmt: skip
+        return stream_response(state, plan)
+    return chat_body((await _wait(state, tenant, ids))[0], state.model_name)
 
 
 class ModelCard(BaseModel):

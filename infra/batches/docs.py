@@ -12,6 +12,7 @@ import json
 import re
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from infra.jobs.submission import ModelInfo
 
@@ -42,9 +43,14 @@ def split_document(text: str, template: str, fits: Callable[[str], bool]) -> lis
 
 
 def docs_to_batch(
-    folder: Path, template: str, max_tokens: int, info: ModelInfo
+    folder: Path,
+    template: str,
+    max_tokens: int,
+    info: ModelInfo,
+    schema: dict[str, Any] | None = None,
 ) -> tuple[list[str], list[str]]:
-    """(JSONL lines, human-readable notes about splits)."""
+    """(JSONL lines, human-readable notes about splits). With a JSON Schema, every request
+    asks for output that matches it (``response_format`` json_schema)."""
     if "{text}" not in template:
         raise SystemExit("--template must contain {text}")
     context = info.config.max_model_len
@@ -65,7 +71,12 @@ def docs_to_batch(
                          f"max_tokens {max_tokens}); split into {len(chunks)} chunks")  # fmt: skip
         for i, chunk in enumerate(chunks, 1):
             custom_id = path.name if len(chunks) == 1 else f"{path.name}#{i}"
-            body = {"prompt": template.format(text=chunk), "max_tokens": max_tokens}
+            body: dict[str, Any] = {"prompt": template.format(text=chunk), "max_tokens": max_tokens}
+            if schema is not None:
+                body["response_format"] = {
+                    "type": "json_schema",
+                    "json_schema": {"name": "document", "schema": schema, "strict": True},
+                }
             lines.append(json.dumps({"custom_id": custom_id, "method": "POST",
                                      "url": "/v1/completions", "body": body}))  # fmt: skip
     return lines, notes

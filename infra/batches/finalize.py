@@ -29,7 +29,11 @@ def _refused_line(entry: str) -> dict[str, Any]:
     return {
         "custom_id": refused["custom_id"],
         "response": {"status_code": refused["status"], "request_id": None, "body": None},
-        "error": {"code": "invalid_request", "message": refused["message"]},
+        "error": {
+            "code": "invalid_request",
+            "message": refused["message"],
+            "param": refused.get("param"),
+        },
     }
 
 

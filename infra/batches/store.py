@@ -42,9 +42,10 @@ def new_batch_id() -> str:
     return "batch_" + uuid.uuid4().hex
 
 
-def refusal(status: int, message: str, custom_id: str) -> str:
-    """A refused line's entry in the line table."""
-    return REFUSED + json.dumps({"status": status, "message": message, "custom_id": custom_id})
+def refusal(status: int, message: str, custom_id: str, param: str | None = None) -> str:
+    """A refused line's entry in the line table (`param`: the body field refused)."""
+    entry = {"status": status, "message": message, "custom_id": custom_id, "param": param}
+    return REFUSED + json.dumps(entry)
 
 
 # Set ARGV[2 + n ..] (field, value pairs) if the status is one of the n in ARGV[2 .. 1 + n].

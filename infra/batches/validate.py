@@ -20,8 +20,10 @@ from pydantic import ValidationError
 
 from infra.batches.store import FANOUT_CHUNK, REFUSED, handles, refusal
 from infra.jobs.celery_app import celery_app
+from infra.jobs.errors import bad_request
 from infra.jobs.files import FileStore
-from infra.jobs.schemas import ChatCompletionCreate, CompletionCreate, JobCreate
+from infra.jobs.openai_request import PlannedJob, chat_job, completion_jobs
+from infra.jobs.schemas import ChatCompletionCreate, CompletionCreate
 from infra.jobs.submission import ModelInfo, SubmissionError, build_job
 from infra.wire.protocol import Keys, Priority
 
@@ -99,11 +101,18 @@ def check_envelopes(
     return errors
 
 
-def _job_body(endpoint: str, body: dict[str, Any]) -> JobCreate:
+def plan_line(endpoint: str, body: dict[str, Any], info: ModelInfo, served: str) -> PlannedJob:
+    """A line's body, validated as the endpoint validates it, as one job. A completions line
+    with several prompts is refused: the batch keeps one job per line."""
     request = ENDPOINTS[endpoint].model_validate(body)
     if isinstance(request, ChatCompletionCreate):
-        return JobCreate(**request.sampling(), messages=request.messages, priority=Priority.BATCH)
-    return JobCreate(**request.sampling(), prompt=request.prompt, priority=Priority.BATCH)
+        return chat_job(request, served, info, Priority.BATCH)
+    if len(request.prompts()) > 1:
+        raise bad_request(
+            "prompt", f"a batch line takes one prompt, got {len(request.prompts())}: send one "
+            "line per prompt", "unsupported_value",
+        )  # fmt: skip
+    return completion_jobs(request, served, info, Priority.BATCH)[0]
 
 
 def fan_out(batch: dict[str, str], file: dict[str, str]) -> int:
@@ -136,19 +145,25 @@ def fan_out(batch: dict[str, str], file: dict[str, str]) -> int:
         obj = json.loads(raw)
         custom_id = obj["custom_id"]
         try:
+            plan = plan_line(endpoint, obj["body"], info, settings.model)
             job = build_job(
-                settings, info, tenant, _job_body(endpoint, obj["body"]),
+                settings, info, tenant, plan.body,
                 idempotency_key=f"batch:{batch_id}:{index}", priority=Priority.BATCH,
-                extra_fields={"batch_id": batch_id, "batch_line": index, "custom_id": custom_id},
+                extra_fields={"batch_id": batch_id, "batch_line": index, "custom_id": custom_id,
+                              **plan.fields},
+                tools=plan.tools,
             )  # fmt: skip
             job.max_active = job.max_queue_length = job.max_rate = NO_LIMIT
             pending.append((index, job))
         except ValidationError as e:
             first = e.errors()[0]
             field = ".".join(str(p) for p in first.get("loc", ()))
-            refused[str(index)] = refusal(400, f"body.{field}: {first.get('msg')}", custom_id)
+            refused[str(index)] = refusal(
+                400, f"body.{field}: {first.get('msg')}", custom_id, f"body.{field}"
+            )
         except SubmissionError as e:
-            refused[str(index)] = refusal(e.status, e.message, custom_id)
+            param = f"body.{e.param}" if e.param else None
+            refused[str(index)] = refusal(e.status, e.message, custom_id, param)
         if len(pending) >= FANOUT_CHUNK:
             flush()
     flush()

@@ -7,18 +7,15 @@ import json
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
 import httpx
-from pydantic import ValidationError
 from rich.progress import Progress
 
 from infra.batches.docs import docs_to_batch
-from infra.jobs.openai_format import chat_body, completion_body
-from infra.jobs.schemas import ChatCompletionCreate
-from infra.jobs.submission import ModelInfo, SubmissionError, token_ids
+from infra.batches.extract import extract, load_schema
+from infra.jobs.submission import ModelInfo
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -49,6 +46,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     docs.add_argument("-o", "--output", type=Path, default=Path("docs_output.jsonl"))
     docs.add_argument("--model", default=None, help="for token counting (default: the fleet's)")
     docs.add_argument("--offline", action="store_true", help="an in-process engine, no fleet")
+    docs.add_argument(
+        "--schema", type=Path, default=None, metavar="FILE.json",
+        help="a JSON Schema: every output is decoded to match it, and OUTPUT gets one line "
+        "per document, {custom_id, data} (validated JSON) or {custom_id, error}; the raw "
+        "batch output goes beside it as OUTPUT.batch.jsonl",
+    )  # fmt: skip
     _fleet_flags(docs)
     docs.set_defaults(func=cmd_batch_docs)
 
@@ -59,86 +62,6 @@ def _fleet_flags(p: argparse.ArgumentParser) -> None:
 
 
 # -- running a batch file --------------------------------------------------------------------
-
-
-def run_offline(input_path: Path, output: Path, model: str, dtype: str | None) -> dict[str, int]:
-    from infra.batches.validate import ENDPOINTS
-    from worker.engine import LLMEngine, SamplingParams
-    from worker.models.resolve import resolve_model_path
-
-    folder = resolve_model_path(model)
-    engine = LLMEngine.from_pretrained(str(folder), dtype=dtype)
-    info = ModelInfo.load(str(folder))
-    lines = [json.loads(x) for x in input_path.read_text().splitlines() if x.strip()]
-    results: dict[int, dict[str, Any]] = {}
-    ids: dict[str, int] = {}
-    for i, line in enumerate(lines):
-        try:
-            request = ENDPOINTS[line["url"]].model_validate(line["body"])
-            job = _as_job(request)
-            prompt = token_ids(info, job)
-            params = SamplingParams(
-                **{k: v for k, v in request.sampling().items() if v is not None}
-            )
-            engine.validate(len(prompt), params)
-            rid = f"offline-{i}-{uuid.uuid4().hex[:8]}"
-            engine.add_request(rid, prompt, params)
-            ids[rid] = i
-        except (KeyError, ValidationError, SubmissionError, ValueError) as e:
-            results[i] = _error_line(line, i, str(getattr(e, "message", e)))
-    done = 0
-    with Progress() as progress:
-        task = progress.add_task("offline batch", total=len(lines))
-        progress.update(task, completed=len(results))
-        while engine.has_unfinished():
-            for out in engine.step():
-                if out.finished:
-                    i = ids[out.request_id]
-                    results[i] = _output_line(lines[i], i, out, len(out.prompt_token_ids), model)
-                    done += 1
-                    progress.update(task, advance=1)
-    _write(output, [results[i] for i in range(len(lines))])
-    return {"total": len(lines), "completed": done, "failed": len(lines) - done}
-
-
-def _as_job(request: Any) -> Any:
-    from infra.jobs.schemas import JobCreate
-
-    if isinstance(request, ChatCompletionCreate):
-        return JobCreate(**request.sampling(), messages=request.messages)
-    return JobCreate(**request.sampling(), prompt=request.prompt)
-
-
-def _output_line(
-    line: dict[str, Any], i: int, out: Any, n_prompt: int, model: str
-) -> dict[str, Any]:
-    record = {
-        "id": out.request_id,
-        "text": out.text,
-        "finish_reason": out.finish_reason,
-        "prompt_tokens": str(n_prompt),
-        "completion_tokens": str(len(out.token_ids)),
-        "created_at": str(time.time()),
-    }
-    body = (chat_body if line["url"] == "/v1/chat/completions" else completion_body)(record, model)
-    ok = out.finish_reason in ("stop", "length")
-    return {
-        "id": f"batch_req_offline_{i}",
-        "custom_id": line.get("custom_id"),
-        "response": {"status_code": 200, "request_id": out.request_id, "body": body}
-        if ok
-        else None,
-        "error": None if ok else {"code": f"job_{out.finish_reason}", "message": out.error or ""},
-    }
-
-
-def _error_line(line: dict[str, Any], i: int, message: str) -> dict[str, Any]:
-    return {
-        "id": f"batch_req_offline_{i}",
-        "custom_id": line.get("custom_id"),
-        "response": {"status_code": 400, "request_id": None, "body": None},
-        "error": {"code": "invalid_request", "message": message},
-    }
 
 
 def _write(path: Path, lines: list[dict[str, Any]]) -> None:
@@ -190,6 +113,7 @@ def run_fleet(input_path: Path, output: Path, url: str, api_key: str | None) -> 
 
 def cmd_batch_run(args: argparse.Namespace) -> int:
     if args.offline:
+        from infra.cli.batch_offline import run_offline  # loads torch: only when asked
         from infra.settings import get_settings
 
         counts = run_offline(
@@ -227,16 +151,30 @@ def cmd_batch_docs(args: argparse.Namespace) -> int:
 
         resolve_model_path(model)
     info = ModelInfo.load(str(model_folder(model)))
-    lines, notes = docs_to_batch(args.folder, args.template, args.max_tokens, info)
+    schema = load_schema(str(args.schema)) if args.schema else None
+    lines, notes = docs_to_batch(args.folder, args.template, args.max_tokens, info, schema)
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
     with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as tmp:
         tmp.write("\n".join(lines) + "\n")
     print(f"{len(lines)} requests from {args.folder}", file=sys.stderr)
+    raw = args.output.with_suffix(".batch.jsonl") if schema is not None else args.output
     if args.offline:
-        counts = run_offline(Path(tmp.name), args.output, model, None)
-        print(f"{counts['completed']}/{counts['total']} completed; output in {args.output}")
-        return 0
-    batch = run_fleet(Path(tmp.name), args.output, args.url, args.api_key)
-    print(f"batch {batch['id']} {batch['status']}; output in {args.output}")
-    return 0 if batch["status"] == "completed" else 1
+        from infra.cli.batch_offline import run_offline
+
+        counts = run_offline(Path(tmp.name), raw, model, None)
+        print(f"{counts['completed']}/{counts['total']} completed; output in {raw}")
+        ok = counts["failed"] == 0
+    else:
+        batch = run_fleet(Path(tmp.name), raw, args.url, args.api_key)
+        print(f"batch {batch['id']} {batch['status']}; output in {raw}")
+        ok = batch["status"] == "completed"
+    if schema is None:
+        return 0 if ok else 1
+    rows = extract([json.loads(x) for x in raw.read_text().splitlines() if x.strip()], schema)
+    _write(args.output, rows)
+    failed = [r for r in rows if "error" in r]
+    for row in failed:
+        print(f"{row['custom_id']}: {row['error']}", file=sys.stderr)
+    print(f"{len(rows) - len(failed)}/{len(rows)} documents as validated JSON in {args.output}")
+    return 0 if ok and not failed else 1

@@ -65,6 +65,9 @@ ENGINE_FLAGS: tuple[EngineFlag, ...] = (
     EngineFlag("device", "device", "auto", choices=("auto", "cpu", "cuda")),
     EngineFlag("kv_cache_memory", "kv_cache_memory", None, type=int,
                help="KV pool size in bytes"),
+    EngineFlag("gpu_memory_utilization", "gpu_memory_utilization", 0.9, type=float,
+               help="CUDA: the share of the GPU's memory this worker may use (weights, "
+               "activations and KV cache), like vLLM's"),
     EngineFlag("max_num_seqs", "max_num_seqs", 64, type=int),
     EngineFlag("max_num_batched_tokens", "max_num_batched_tokens", 1024, type=int),
     EngineFlag("attention_backend", "attention_backend", "auto",
@@ -84,7 +87,8 @@ def engine_flag(dest: str) -> EngineFlag:
 
 # `tide generate` keeps its own order and wording, and runs continuous batching only.
 GENERATE_FLAGS: tuple[EngineFlag, ...] = (
-    *(engine_flag(d) for d in ("dtype", "device", "kv_cache_memory", "max_num_seqs")),
+    *(engine_flag(d) for d in ("dtype", "device", "kv_cache_memory", "gpu_memory_utilization")),
+    engine_flag("max_num_seqs"),
     engine_flag("max_num_batched_tokens"),
     dataclasses.replace(engine_flag("no_prefix_caching"), help=None),
     dataclasses.replace(

@@ -32,6 +32,7 @@ from infra.fleet.fleet_config import FleetConfig, PoolConfig
 from infra.fleet.reaper import run_reaper
 from infra.plan.planner import estimate_pool_tokens_per_s
 from infra.settings import Settings
+from infra.wire import fleet_status
 from infra.wire.backlog import read_backlog
 from infra.wire.heartbeats import Heartbeat, read_heartbeats
 from infra.wire.protocol import BUCKETS, Keys
@@ -70,13 +71,14 @@ class Controller:
         self.rates = RateTracker(list(fleet.pools))
         self.estimates = {name: estimated_rate(pool) for name, pool in fleet.pools.items()}
         self.last_decisions: list[Decision] = []
+        self.last_beats: dict[str, Heartbeat] = {}
 
     # -- observing ---------------------------------------------------------------------
 
     def observe(self) -> dict[str, PoolObservation]:
         now = self.clock()
         backlog = read_backlog(self.r, now)
-        beats = read_heartbeats(self.r)
+        beats = self.last_beats = read_heartbeats(self.r)
         arrivals = self.rates.bucket_rates(now, {b: backlog[b].arrived_tokens for b in BUCKETS})
         for b, bl in backlog.items():
             m.BACKLOG_TOKENS.labels(b).set(bl.tokens)
@@ -147,8 +149,33 @@ class Controller:
             except Exception:
                 log.exception("pool %s: removing drained workers failed", pool.name)
         self.last_decisions = decisions
-        self.r.hset(Keys.controller, mapping={"last_decision_at": self.clock()})
+        self._record(observations, decisions)
         return decisions
+
+    def _record(self, observations: dict[str, PoolObservation], decisions: list[Decision]) -> None:
+        """The decisions for the web console (infra/wire/fleet_status.py), in one pipeline."""
+        now = self.clock()
+        statuses = []
+        for d in decisions:
+            obs = observations[d.pool]
+            by_state: dict[str, int] = {}
+            for w in obs.workers:
+                by_state[w.state] = by_state.get(w.state, 0) + 1
+            statuses.append(fleet_status.PoolStatus(
+                d.pool, d.action, d.current, d.desired, d.reason, now, by_state,
+                obs.backlog_jobs, obs.arrival_tokens_per_s, obs.rate_per_worker,
+            ))  # fmt: skip
+        sample = fleet_status.FleetSample(
+            t=now,
+            workers=sum(len(o.workers) for o in observations.values()),
+            desired=sum(d.desired for d in decisions),
+            queued=sum(o.backlog_jobs for o in observations.values()),
+            tokens_per_s=sum(b.tokens_per_s for b in self.last_beats.values()),
+        )
+        pipe = self.r.pipeline(transaction=False)
+        pipe.hset(Keys.controller, mapping={"last_decision_at": now})
+        fleet_status.record(pipe, statuses, sample)
+        pipe.execute()
 
     def _forget(self, worker_id: str) -> None:
         """A removed worker leaves no trace: its registration, heartbeat and drain flag

@@ -7,18 +7,19 @@ removes them once they have drained and exited.
 from __future__ import annotations
 
 import logging
-import os
 import secrets
 import subprocess
 import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
 
 from infra.fleet.actuator import ActuatedWorker
 from infra.fleet.fleet_config import FleetConfig, PoolConfig
-from infra.fleet.supervisor import orphan_safe
+from infra.fleet.gpus import VISIBLE, visible_gpus
+from infra.fleet.supervisor import spawn
+from infra.settings import child_env, get_settings
 
 log = logging.getLogger("tide.controller")
 
@@ -29,6 +30,7 @@ class _Proc:
     proc: subprocess.Popen[bytes]
     started: float
     draining: bool = False
+    gpu: str | None = None  # its CUDA_VISIBLE_DEVICES, when this machine has GPUs
 
 
 class LocalActuator:
@@ -39,7 +41,11 @@ class LocalActuator:
     local worker sends it SIGTERM, which a serving worker takes as a drain (finish what it
     holds, hand back the rest, exit) and a worker still loading its model as an exit, so a
     worker drained while starting never counts as capacity. After ``close`` nothing is
-    launched again (the controller thread may still be mid-decision)."""
+    launched again (the controller thread may still be mid-decision). Workers get `env`
+    (default: ``child_env`` of this process's settings), their output goes to
+    ``<log_dir>/<worker id>.log`` when a `log_dir` is given. On a machine with GPUs each
+    worker gets one to itself (``CUDA_VISIBLE_DEVICES``; infra/fleet/gpus.py), so no more
+    workers run than there are GPUs, over every pool."""
 
     def __init__(
         self,
@@ -49,7 +55,7 @@ class LocalActuator:
         log_dir: str | None = None,
     ) -> None:
         self.fleet = fleet
-        self.env = dict(os.environ if env is None else env)
+        self.env = dict(child_env(get_settings()) if env is None else env)
         self.worker_argv = worker_argv or []  # engine flags shared by every pool
         self.log_dir = log_dir
         self.procs: dict[str, dict[str, _Proc]] = {name: {} for name in fleet.pools}
@@ -58,6 +64,7 @@ class LocalActuator:
         self._lock = threading.Lock()
         self.closed = False
         self.launched = 0  # worker processes started, over the actuator's life
+        self.gpus = visible_gpus(self.env)
 
     def list_workers(self, pool: PoolConfig) -> list[ActuatedWorker]:
         return [
@@ -75,9 +82,24 @@ class LocalActuator:
             if self.closed:
                 return
             for _ in range(max(min(n, pool.max_workers - self.live(pool)), 0)):
-                self._spawn(pool)
+                if not self._spawn(pool):
+                    break
 
-    def _spawn(self, pool: PoolConfig) -> None:
+    def _free_gpu(self) -> str | None:
+        held = {
+            p.gpu for pool in self.procs.values() for p in pool.values() if p.proc.poll() is None
+        }
+        return next((g for g in self.gpus if g not in held), None)
+
+    def _spawn(self, pool: PoolConfig) -> bool:
+        env, gpu = self.env, None
+        if self.gpus:
+            gpu = self._free_gpu()
+            if gpu is None:
+                log.warning("pool %s: every GPU (%s) has a worker; not starting another",
+                            pool.name, ",".join(self.gpus))  # fmt: skip
+                return False
+            env = {**self.env, VISIBLE: gpu}
         self._seq += 1
         self.launched += 1
         worker_id = f"{pool.name}-local-{self.run_id}-{self._seq}"
@@ -88,12 +110,12 @@ class LocalActuator:
         ]  # fmt: skip
         if pool.model:
             argv += ["--model", pool.model]
-        out: Any = None
-        if self.log_dir:
-            out = open(os.path.join(self.log_dir, f"{worker_id}.log"), "ab")  # noqa: SIM115
-        proc = subprocess.Popen(orphan_safe(argv), env=self.env, stdout=out, stderr=out)
-        self.procs[pool.name][worker_id] = _Proc(worker_id, proc, time.time())
-        log.info("pool %s: started worker %s (pid %d)", pool.name, worker_id, proc.pid)
+        log_file = Path(self.log_dir) / f"{worker_id}.log" if self.log_dir else None
+        proc = spawn(argv, env=env, log_file=log_file)
+        self.procs[pool.name][worker_id] = _Proc(worker_id, proc, time.time(), gpu=gpu)
+        on = f" on GPU {gpu}" if gpu is not None else ""
+        log.info("pool %s: started worker %s (pid %d)%s", pool.name, worker_id, proc.pid, on)
+        return True
 
     def drain(self, pool: PoolConfig, worker_id: str) -> None:
         p = self.procs[pool.name].get(worker_id)

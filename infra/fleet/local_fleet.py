@@ -17,7 +17,7 @@ from infra.fleet.controller import Controller
 from infra.fleet.fleet_config import FleetConfig, load_fleet, local_default_fleet
 from infra.fleet.local_actuator import LocalActuator
 from infra.fleet.redis_server import EmbeddedRedis
-from infra.fleet.supervisor import Supervisor, ThreadProc, orphan_safe
+from infra.fleet.supervisor import Supervisor, ThreadProc, spawn
 from infra.jobs.celery_app import use_broker
 from infra.settings import REDIS_URL_FILE, Settings, child_env, use_settings
 
@@ -43,7 +43,7 @@ class LocalFleet:
 
     @staticmethod
     def _spawner(argv: list[str], env: dict[str, str]) -> Callable[[], subprocess.Popen[bytes]]:
-        return lambda: subprocess.Popen(orphan_safe(argv), env=env)
+        return functools.partial(spawn, argv, env)
 
     def run(self) -> int:
         a, settings = self.args, self.settings
@@ -116,6 +116,7 @@ class LocalFleet:
         lines = [
             f"Tide is up on {model}: worker pools {pools} (scaled by the controller)",
             f"  gateway  {url}   (API docs: {url}/docs, metrics: {url}/metrics)",
+            f"  console  {url}/console",
             f"  redis    {settings.redis_url}" + ("   (embedded, AOF)" if self.redis else ""),
             f'  try      tide submit "Once upon a time" --wait --url {url}',
         ]

@@ -17,6 +17,8 @@ from collections.abc import Callable
 
 import redis
 
+from infra.batches.supervise import supervise_batches
+from infra.jobs.webhooks import enqueue_webhook
 from infra.settings import Settings
 from infra.wire.jobstore import JobStore
 from infra.wire.protocol import Keys
@@ -111,8 +113,6 @@ class Reaper:
             if outcome == "failed":
                 record = store.get(job_id) or {}
                 if record.get("webhook_url"):
-                    from infra.jobs.webhooks import enqueue_webhook
-
                     enqueue_webhook(job_id, "failed")
         return results
 
@@ -145,8 +145,6 @@ def run_reaper(settings: Settings, stop: threading.Event) -> None:
         try:
             reaper.reap_once()
             if time.monotonic() >= next_batches:
-                from infra.batches.supervise import supervise_batches
-
                 next_batches = time.monotonic() + settings.batch_poll_interval
                 supervise_batches()
         except redis.RedisError as e:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import redis
 
-from infra.fleet.supervisor import orphan_safe
+from infra.fleet.supervisor import spawn
 
 
 def redis_binary() -> str:
@@ -58,10 +58,9 @@ class EmbeddedRedis:
         # Its own session: a Ctrl-C in the terminal must not stop Redis before the
         # workers that drain into it; the owner stops it last.
         # It dies with its parent (SIGTERM: it flushes the AOF) rather than outlive it.
-        self.proc = subprocess.Popen(
-            orphan_safe(args), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )  # fmt: skip
+        self.proc = spawn(
+            args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+        )
         client = redis.Redis.from_url(self.url)
         deadline = time.monotonic() + timeout
         while True:

@@ -44,14 +44,16 @@ def spawn(
     env: dict[str, str] | None = None,
     cwd: str | Path | None = None,
     log_file: Path | None = None,
+    **popen: Any,
 ) -> subprocess.Popen[bytes]:
     """Start a child process that dies with its parent (orphan_safe); with `log_file`, its
-    stdout and stderr are appended to that file."""
+    stdout and stderr are appended to that file. Every Tide child starts here; `popen` goes
+    to subprocess.Popen as it is (e.g. `start_new_session`)."""
     if log_file is None:
-        return subprocess.Popen(orphan_safe(argv), env=env, cwd=cwd)
+        return subprocess.Popen(orphan_safe(argv), env=env, cwd=cwd, **popen)
     with open(log_file, "ab") as out:  # the child keeps its own copy of the descriptor
         return subprocess.Popen(
-            orphan_safe(argv), env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT
+            orphan_safe(argv), env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, **popen
         )
 
 

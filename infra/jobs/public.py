@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
+from infra.jobs.openai_format import record_choices
 from infra.wire.protocol import JobStatus, Priority
 
 
@@ -24,6 +25,14 @@ class JobAccepted(BaseModel):
 class JobResult(BaseModel):
     text: str
     finish_reason: str | None
+
+
+class JobChoice(BaseModel):
+    index: int
+    text: str
+    finish_reason: str | None
+    completion_tokens: int | None = None
+    logprobs: list[dict[str, Any]] | None = None  # {token, bytes, logprob, top_logprobs}
 
 
 class JobUsage(BaseModel):
@@ -48,6 +57,7 @@ class JobPublic(BaseModel):
     priority: Priority
     created_at: float
     result: JobResult | None = None
+    choices: list[JobChoice] | None = None  # when n > 1 or logprobs were asked
     usage: JobUsage
     timings: JobTimings
     attempts: int
@@ -63,6 +73,25 @@ class ErrorBody(BaseModel):
 def _float(record: dict[str, str], key: str) -> float | None:
     value = record.get(key)
     return float(value) if value else None
+
+
+def _choices(record: dict[str, str], finished: bool) -> list[JobChoice] | None:
+    sampling = json.loads(record["sampling"]) if record.get("sampling") else {}
+    wanted = int(sampling.get("n") or 1) > 1 or sampling.get("logprobs") is not None
+    if not wanted or not (finished or record.get("choices")):
+        return None
+    return [JobChoice.model_validate(c) for c in record_choices(record)]
+
+
+def delta_public(event: dict[str, Any]) -> dict[str, Any]:
+    """A job event stream's delta as the job API shows it: {text}, plus `index` and
+    `logprobs` where the worker wrote them."""
+    out: dict[str, Any] = {"text": event.get("text", "")}
+    if event.get("i"):
+        out["index"] = int(event["i"])
+    if event.get("lp"):
+        out["logprobs"] = json.loads(event["lp"])
+    return out
 
 
 def job_public(record: dict[str, str]) -> JobPublic:
@@ -89,6 +118,7 @@ def job_public(record: dict[str, str]) -> JobPublic:
         priority=Priority(record["priority"]),
         created_at=float(record["created_at"]),
         result=result,
+        choices=_choices(record, status.is_terminal),
         usage=JobUsage(
             prompt_tokens=int(record.get("prompt_tokens") or 0),
             completion_tokens=int(record.get("completion_tokens") or 0),

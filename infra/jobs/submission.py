@@ -12,10 +12,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import jinja2
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as HFTokenizer
 
-from infra.jobs.schemas import ChatMessage, JobCreate
+from infra.jobs import chat_template
+from infra.jobs.errors import SubmissionError as SubmissionError
+from infra.jobs.messages import ChatMessage
+from infra.jobs.request_checks import check_sampling, check_token_ids
+from infra.jobs.schemas import JobCreate
 from infra.settings import Settings
 from infra.wire import queues
 from infra.wire.jobstore import NewJob, new_job_id
@@ -27,23 +30,6 @@ from worker.models.tokenizer import Tokenizer
 RETRY_AFTER = {"tenant_full": "5", "queue_full": "5", "rate": "1"}
 LIMIT_CODES = {"tenant_full": "tenant_queue_full", "queue_full": "queue_full",
                "rate": "rate_limit_exceeded"}  # fmt: skip
-
-
-class SubmissionError(Exception):
-    """A refused request: its HTTP status, a message naming the field and the limit, the
-    field (`param`) and a short machine-readable code."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        headers: dict[str, str] | None = None,
-        param: str | None = None,
-        code: str | None = None,
-    ):
-        super().__init__(message)
-        self.status, self.message, self.headers = status, message, headers
-        self.param, self.code = param, code
 
 
 @dataclass
@@ -85,26 +71,17 @@ class ModelInfo:
         return ids
 
 
-def render_chat(info: ModelInfo, messages: list[ChatMessage]) -> str:
+def render_chat(
+    info: ModelInfo, messages: list[ChatMessage], tools: list[dict[str, Any]] | None = None
+) -> str:
     tok = info.tokenizer
     if not tok.chat_template:
         raise SubmissionError(
             400, f"model {info.name!r} has no chat template: send 'prompt' instead",
             param="messages", code="no_chat_template",
         )  # fmt: skip
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-
-    def raise_exception(message: str) -> None:
-        raise jinja2.TemplateError(message)
-
-    env.globals["raise_exception"] = raise_exception
     try:
-        return env.from_string(tok.chat_template).render(
-            messages=[m.model_dump() for m in messages],
-            add_generation_prompt=True,
-            bos_token=tok.config.get("bos_token") or "",
-            eos_token=tok.config.get("eos_token") or "",
-        )
+        return chat_template.render(tok, [m.for_template() for m in messages], tools)
     except jinja2.TemplateError as e:
         raise SubmissionError(
             400, f"messages: the chat template refused them: {e}", param="messages",
@@ -112,12 +89,17 @@ def render_chat(info: ModelInfo, messages: list[ChatMessage]) -> str:
         ) from None  # fmt: skip
 
 
-def token_ids(info: ModelInfo, body: JobCreate) -> list[int]:
+def token_ids(
+    info: ModelInfo, body: JobCreate, tools: list[dict[str, Any]] | None = None
+) -> list[int]:
     """The prompt's ids; a text too long for the context is refused before it is tokenised."""
+    if isinstance(body.prompt, list):
+        check_token_ids(body.prompt, info.config.vocab_size, "prompt")
+        return list(body.prompt)
     if body.messages is None:
         field, text = "prompt", body.prompt or ""
     else:
-        field, text = "messages", render_chat(info, body.messages)
+        field, text = "messages", render_chat(info, body.messages, tools)
     if len(text) > info.max_prompt_chars:
         raise SubmissionError(
             400, f"{field}: {len(text)} characters cannot fit the model's context of "
@@ -128,6 +110,13 @@ def token_ids(info: ModelInfo, body: JobCreate) -> list[int]:
     return info.encode(text, add_special_tokens=body.messages is None)
 
 
+def record_sampling(body: JobCreate) -> dict[str, Any]:
+    """The record's `sampling`: the engine's fields, plus `n` (popped by the worker) when
+    more than one choice is asked."""
+    sampling = body.sampling()
+    return sampling | {"n": body.n} if body.n > 1 else sampling
+
+
 def build_job(
     settings: Settings,
     info: ModelInfo,
@@ -136,11 +125,14 @@ def build_job(
     idempotency_key: str | None,
     priority: Priority | None = None,
     extra_fields: dict[str, Any] | None = None,
+    tools: list[dict[str, Any]] | None = None,
 ) -> NewJob:
-    """Everything the create script writes; raises SubmissionError for bad sizes."""
+    """Everything the create script writes; raises SubmissionError for bad sizes. `tools`
+    (OpenAI's form) go to the chat template with the messages."""
     if idempotency_key is not None:
         check_idempotency_key(idempotency_key)
-    ids = token_ids(info, body)
+    check_sampling(body, info.config.vocab_size)
+    ids = token_ids(info, body, tools)
     context = info.config.max_model_len
     field = "prompt" if body.messages is None else "messages"
     if not ids:
@@ -165,7 +157,7 @@ def build_job(
     queue = queue_name(bucket, prio)
     job_id = new_job_id()
     message = queues.encode(
-        JobMessage(job_id, bucket, prio.value, len(ids), body.max_tokens), queue
+        JobMessage(job_id, bucket, prio.value, len(ids), body.n * body.max_tokens), queue
     )
     now = time.time()
     fields = {
@@ -175,9 +167,10 @@ def build_job(
         "bucket": bucket,
         "priority": prio.value,
         "prompt_tokens": len(ids),
-        "max_tokens": body.max_tokens,
+        "max_tokens": body.max_tokens,  # per choice
+        "n": body.n,
         "token_ids": ids,
-        "sampling": body.sampling(),
+        "sampling": record_sampling(body),
         "webhook_url": str(body.webhook.url) if body.webhook else "",
         "metadata": body.metadata or "",
         "created_at": now,

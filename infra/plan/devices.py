@@ -4,7 +4,7 @@ Torch-free. Used by the planner (`tide plan`), by the workers' MFU/MBU estimates
 fleet config (each pool names its device) and by the simulator. Figures are the vendors'
 dense (no sparsity) tensor-core peaks for 16-bit inputs with fp32 accumulation and the
 nominal memory bandwidth; real kernels reach 60-90% of them. The CPU entry is a
-placeholder: workers on CPU measure their own peaks at start-up (worker/metrics.py).
+placeholder: workers on CPU measure their own peaks at start-up (worker/device_peaks.py).
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 Torch-free. Read from a Hugging Face ``config.json`` or from PRESETS (real shapes of common
 models). The engine's own loader is worker/models/config.py; this one needs no weights and
-accepts any config that has the shape fields.
+accepts any config that has the shape fields. What a step costs (FLOPs, bytes) is in
+roofline.py.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "fp8": 1, "int8": 1}
 
@@ -23,6 +24,32 @@ def dtype_bytes(dtype: str) -> int:
     if dtype not in DTYPE_BYTES:
         raise ShapeError(f"unknown dtype {dtype!r}; known: {', '.join(DTYPE_BYTES)}")
     return DTYPE_BYTES[dtype]
+
+
+class Dims(Protocol):
+    """The shape fields the costs need: ModelShape has them, and so has the engine's
+    ModelConfig (worker/models/config.py)."""
+
+    @property
+    def num_layers(self) -> int: ...
+    @property
+    def hidden_size(self) -> int: ...
+    @property
+    def intermediate_size(self) -> int: ...
+    @property
+    def num_heads(self) -> int: ...
+    @property
+    def num_kv_heads(self) -> int: ...
+    @property
+    def head_dim(self) -> int: ...
+    @property
+    def vocab_size(self) -> int: ...
+
+
+def projection_parameters(dims: Dims) -> int:
+    """Weights of every layer's projections (q/k/v, o, gate/up/down), biases and norms aside."""
+    d, q, kv = dims.hidden_size, dims.num_heads * dims.head_dim, dims.num_kv_heads * dims.head_dim
+    return dims.num_layers * (d * (q + 2 * kv) + q * d + 3 * d * dims.intermediate_size)
 
 
 _HF_FIELDS = {  # ModelShape field -> config.json key; the first five are required
@@ -70,10 +97,10 @@ class ModelShape:
             self.num_heads * self.head_dim,
             self.num_kv_heads * self.head_dim,
         )
-        attn = d * (q + 2 * kv) + q * d + ((q + 2 * kv) if self.qkv_bias else 0)
-        per_layer = attn + 3 * d * self.intermediate_size + 2 * d  # + two RMSNorm weights
+        bias = (q + 2 * kv) if self.qkv_bias else 0
+        per_layer = bias + 2 * d  # + two RMSNorm weights
         embed = self.vocab_size * d * (1 if self.tie_word_embeddings else 2)
-        return self.num_layers * per_layer + embed + d
+        return projection_parameters(self) + self.num_layers * per_layer + embed + d
 
     def streamed_parameters(self) -> int:
         """Parameters a decode step reads: an untied input embedding is only looked up."""
@@ -85,11 +112,6 @@ class ModelShape:
 
     def kv_bytes_per_token(self, kv_dtype: str) -> int:
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * dtype_bytes(kv_dtype)
-
-    def flops_per_token(self, context_len: int) -> float:
-        """Matmul FLOPs of one decoded token: 2 per streamed weight, plus QK^T and PV."""
-        attention = 4 * self.num_layers * self.num_heads * self.head_dim * context_len
-        return 2.0 * self.streamed_parameters() + attention
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -1,8 +1,8 @@
 """Memory and batch planner: how a model fits a device, and what to set the engine to.
 
-Torch-free and pure. ``tide plan`` (infra/cli/plan.py) prints a Plan; the fleet simulator and
-the controller call estimate_decode_tokens_per_s() as a worker's service rate before any
-measurement exists. Every rule is written out in docs/plan.md.
+Torch-free and pure. ``tide plan`` (infra/cli/plan.py) prints a Plan; the controller calls
+estimate_pool_tokens_per_s() as a worker's service rate before any measurement exists. The
+step costs come from the roofline (roofline.py). Every rule is written out in docs/plan.md.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from infra.plan.model_shape import (
     kv_bytes,
     load_shape,
 )
+from infra.plan.roofline import ModelCost, decode_step_seconds, peak_flops, saturation_batch
 
 __all__ = [
     "PRESETS",
@@ -44,26 +45,6 @@ CHUNK_MIN, CHUNK_MAX, CHUNK_NO_DEVICE = 512, 8192, 2048  # prefill tokens per st
 
 class PlanError(ValueError):
     """Input the planner cannot use, or a model that does not fit; the message says which."""
-
-
-def peak_flops(device: DeviceSpec, weight_dtype: str) -> float:
-    # 8-bit weights are taken to compute at the 16-bit rate (weight-only quantisation).
-    return device.peak_flops_fp32 if weight_dtype == "float32" else device.peak_flops_16bit
-
-
-def decode_step_seconds(
-    shape: ModelShape,
-    device: DeviceSpec,
-    batch: int,
-    context_len: int,
-    weight_dtype: str,
-    kv_dtype: str,
-) -> tuple[float, float]:
-    """(memory time, compute time) of one decode step of `batch` sequences."""
-    read = shape.streamed_parameters() * dtype_bytes(weight_dtype)
-    read += kv_bytes(shape, context_len, batch, kv_dtype)
-    flops = batch * shape.flops_per_token(context_len)
-    return read / device.mem_bandwidth, flops / peak_flops(device, weight_dtype)
 
 
 def estimate_decode_tokens_per_s(
@@ -170,15 +151,6 @@ def _check_inputs(
         raise PlanError(f"kv budget must be positive, got {kv_budget_bytes} bytes")
 
 
-def _saturation_batch(shape: ModelShape, device: DeviceSpec, ctx: int, wd: str, kd: str) -> int:
-    """Smallest batch whose decode step is compute bound (a huge number if none is)."""
-    mem_1, compute_1 = decode_step_seconds(shape, device, 1, ctx, wd, kd)
-    kv_s = kv_bytes(shape, ctx, 1, kd) / device.mem_bandwidth
-    weights_s = mem_1 - kv_s
-    per_seq_gain = compute_1 - kv_s  # each sequence adds compute_1 and kv_s
-    return math.ceil(weights_s / per_seq_gain) if per_seq_gain > 0 else 1 << 30
-
-
 def plan(
     shape: ModelShape,
     memory_bytes: int | None = None,
@@ -236,7 +208,7 @@ def plan(
     rate_1 = rate = work = None
     bound = None
     if device is not None:
-        seqs = min(seqs, _saturation_batch(shape, device, ctx, weight_dtype, kv_dtype))
+        seqs = min(seqs, saturation_batch(shape, device, ctx, weight_dtype, kv_dtype))
         # A step of `ridge` tokens takes as long to compute as to read the weights; at 4x
         # that, the weight read costs at most a fifth of the step even without overlap.
         ridge = peak_flops(device, weight_dtype) * wbytes / (2 * device.mem_bandwidth)
@@ -247,7 +219,8 @@ def plan(
         bound = "compute" if compute_s > mem_s else "memory"
         # Prefill and decode share the device: a request costs its output at the batch's
         # decode rate plus its prompt at the compute peak.
-        prefill_rate = peak_flops(device, weight_dtype) / shape.flops_per_token(prompt_len // 2)
+        cost = ModelCost.from_shape(shape, weight_dtype, kv_dtype)
+        prefill_rate = peak_flops(device, weight_dtype) / cost.flops_per_token(prompt_len // 2)
         work = avg_len / (output_len / rate + prompt_len / prefill_rate)
     batched = seqs + chunk
     q, kv = shape.num_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim

@@ -1,5 +1,6 @@
-"""How fast one simulated worker serves its batch: the planner's decode roofline for the
-pool's model on its device, or a measured curve from a service file (docs/simulator.md)."""
+"""How fast one simulated worker serves its batch: the decode roofline (infra/plan/roofline.py)
+for the pool's model on its device, or a measured curve from a service file
+(docs/simulator.md)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from typing import Any
 
 from infra.fleet.fleet_config import FleetConfig, PoolConfig
 from infra.plan.devices import get_device
-from infra.plan.planner import PlanError, load_shape, peak_flops, plan
+from infra.plan.planner import PlanError, load_shape, plan
+from infra.plan.roofline import DevicePeaks, ModelCost
 from infra.sim.traces import Job
 
 DEFAULT_MODEL = "llama-3-8b"  # a planner preset: what pools without `model` are taken to serve
@@ -106,18 +108,20 @@ def roofline_model(pool: PoolConfig) -> ServiceModel:
         kv_tokens = plan(shape, device=dev).kv_budget_tokens
     except PlanError as e:
         raise ValueError(f"pools.{pool.name}: {e}; describe it with --service FILE") from None
-    kvpt = shape.kv_bytes_per_token("bfloat16")
+    cost = ModelCost.from_shape(shape, "bfloat16", "bfloat16")
+    kvpt = cost.kv_bytes_per_token
     kv_memory = _flag(pool, "--kv-cache-memory")
     if kv_memory is not None:
         kv_tokens = kv_memory // kvpt
-    bandwidth = dev.mem_bandwidth * EFFICIENCY
-    flops = peak_flops(dev, "bfloat16") * EFFICIENCY
-    attention = shape.flops_per_token(1) - shape.flops_per_token(0)  # per context token
-    dense = shape.flops_per_token(0)
+    peaks = DevicePeaks.from_spec(dev, "bfloat16")
+    bandwidth = peaks.bandwidth * EFFICIENCY
+    flops = peaks.flops * EFFICIENCY
+    attention = cost.attention_flops_per_position  # per context token
+    dense = cost.flops_per_token(0)
     return ServiceModel(
         max_num_seqs=_flag(pool, "--max-num-seqs") or DEFAULT_MAX_NUM_SEQS,
         kv_tokens=kv_tokens,
-        step_s=shape.streamed_parameters() * 2 / bandwidth,
+        step_s=cost.weight_bytes / bandwidth,
         mem_s_per_ctx=kvpt / bandwidth,
         flop_s_per_seq=dense / flops,
         flop_s_per_ctx=attention / flops,

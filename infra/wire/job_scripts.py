@@ -10,14 +10,16 @@ worker killed while only holding the job, or a poison job killing it in its firs
 from __future__ import annotations
 
 # Shared by the scripts below. Backlog accounting: a queued job is a member of the zset
-# tide:backlog:<bucket> (score: created_at) and its prompt + max tokens are in the hash
-# tide:backlog_tokens; the two change together, only when membership changes.
+# tide:backlog:<bucket> (score: created_at) and its prompt + n × max tokens (n choices share
+# the prompt) are in the hash tide:backlog_tokens; the two change together, only when
+# membership changes.
 PRELUDE = """
 local function backlog(jobkey, job_id, add)
-  local f = redis.call('HMGET', jobkey, 'bucket', 'prompt_tokens', 'max_tokens', 'created_at')
+  local f = redis.call('HMGET', jobkey, 'bucket', 'prompt_tokens', 'max_tokens', 'created_at',
+                       'n')
   if not f[1] then return end
   local z = 'tide:backlog:' .. f[1]
-  local tokens = tonumber(f[2] or '0') + tonumber(f[3] or '0')
+  local tokens = tonumber(f[2] or '0') + tonumber(f[3] or '0') * tonumber(f[5] or '1')
   if add then
     if redis.call('ZADD', z, 'NX', tonumber(f[4] or '0'), job_id) == 1 then
       redis.call('HINCRBY', 'tide:backlog_tokens', f[1], tokens)
@@ -56,6 +58,13 @@ local function done_event(eventskey, ttl, status)
 end
 """
 
+# The tenant's recent API jobs (KEYS[7], Keys.tenant_jobs), for the console's job list: a
+# zset by created_at, trimmed to the newest RECENT_JOBS_PER_TENANT once it is RECENT_JOBS_SLACK
+# over (so the trim runs once per that many creates), expiring with the job TTL after the
+# tenant's last job. Batch lines are not listed (the batch is).
+RECENT_JOBS_PER_TENANT = 1000
+RECENT_JOBS_SLACK = 100
+
 CREATE = (
     PRELUDE
     + """local calls = redis.call('INCR', KEYS[5])
@@ -76,6 +85,14 @@ redis.call('HSET', KEYS[1], unpack(ARGV, 8))
 redis.call('EXPIRE', KEYS[1], ARGV[4])
 if ARGV[1] ~= '' then redis.call('SET', KEYS[2], ARGV[2], 'EX', ARGV[4]) end
 redis.call('INCR', KEYS[3])
+local own = redis.call('HMGET', KEYS[1], 'batch_id', 'created_at')
+if not own[1] or own[1] == '' then
+  redis.call('ZADD', KEYS[7], tonumber(own[2] or '0'), ARGV[2])
+  if redis.call('ZCARD', KEYS[7]) > RECENT_CAP + RECENT_SLACK then
+    redis.call('ZREMRANGEBYRANK', KEYS[7], 0, -RECENT_CAP - 1)
+  end
+  redis.call('EXPIRE', KEYS[7], ARGV[4])
+end
 local tokens = backlog(KEYS[1], ARGV[2], true)
 local bucket = redis.call('HGET', KEYS[1], 'bucket')
 redis.call('HINCRBY', 'tide:arrived_tokens', bucket, tokens)
@@ -83,7 +100,9 @@ redis.call('HINCRBY', 'tide:arrived_jobs', bucket, 1)
 redis.call('LPUSH', KEYS[4], ARGV[7])
 redis.call('PUBLISH', KEYS[6], KEYS[4])
 return {'created', ARGV[2]}
-"""
+""".replace("RECENT_CAP", str(RECENT_JOBS_PER_TENANT)).replace(
+        "RECENT_SLACK", str(RECENT_JOBS_SLACK)
+    )
 )
 
 # Taking the lease charges nothing: the worker may only hold the job (prefetched, waiting

@@ -54,6 +54,7 @@ class NewJob:
             self.queue,
             Keys.tenant_rate(tenant, int(time.time())),
             Keys.wakeup,
+            Keys.tenant_jobs(tenant),
         ]
         args = [
             self.idempotency_key or "", job_id, self.max_rate, self.ttl_seconds,

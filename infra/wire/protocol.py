@@ -85,6 +85,12 @@ class Keys:
         return f"tide:tenant:{tenant}:active"
 
     @staticmethod
+    def tenant_jobs(tenant: str) -> str:
+        """Zset job_id -> created_at: the tenant's most recent API jobs (batch lines are
+        not listed), capped and expiring in the create script (infra/wire/job_scripts.py)."""
+        return f"tide:tenant:{tenant}:jobs"
+
+    @staticmethod
     def tenant_rate(tenant: str, second: int) -> str:
         return f"tide:tenant:{tenant}:rate:{second}"
 
@@ -127,6 +133,9 @@ class Keys:
     arrived_tokens = "tide:arrived_tokens"  # hash bucket -> tokens ever enqueued (a counter)
     arrived_jobs = "tide:arrived_jobs"  # hash bucket -> jobs ever enqueued (a counter)
     controller = "tide:controller"  # hash: the controller's metrics_url, last decision time
+    controller_pools = "tide:controller:pools"  # hash pool -> its last decision (fleet_status.py)
+    controller_decisions = "tide:controller:decisions"  # list: recent changes, newest first
+    controller_history = "tide:controller:history"  # list: one sample per poll, newest first
     active_batches = "tide:batches:active"  # set of batches the supervisor follows
     leases = "tide:leases"  # zset job_id -> lease expiry (unix seconds)
     workers = "tide:workers"  # zset worker_id -> last heartbeat
@@ -141,7 +150,7 @@ class JobMessage:
     bucket: str
     priority: str
     prompt_tokens: int
-    max_tokens: int
+    max_tokens: int  # every choice together: n × the per-choice max_tokens
     v: int = MESSAGE_VERSION
 
     def dumps(self) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -116,12 +117,28 @@ class Fleet:
         self.redis.stop()
 
 
+# A plain chat template that also renders tools (stories260K ships none): the fleet's model
+# answers /v1/chat/completions, and tools requests find a template that uses them.
+CHAT_TEMPLATE = (
+    "{% if tools %}Tools: {{ tools | tojson }}\n{% endif %}"
+    "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant:{% endif %}"
+)
+
+
 @pytest.fixture(scope="package")
-def fleet_model(tiny_path) -> Path:
-    """stories260K when ../shared has it (real text), else dummy:tiny."""
+def fleet_model(tiny_path, tmp_path_factory) -> Path:
+    """stories260K when ../shared has it (real text), else dummy:tiny; copied with a chat
+    template added."""
     from tests.conftest import STORIES
 
-    return STORIES if (STORIES / "model.safetensors").is_file() else tiny_path
+    source = STORIES if (STORIES / "model.safetensors").is_file() else tiny_path
+    folder = tmp_path_factory.mktemp("fleet-model") / source.name
+    shutil.copytree(source, folder, ignore=shutil.ignore_patterns("llama2c"))
+    config_path = folder / "tokenizer_config.json"
+    config = json.loads(config_path.read_text()) if config_path.is_file() else {}
+    config_path.write_text(json.dumps({**config, "chat_template": CHAT_TEMPLATE}))
+    return folder
 
 
 @pytest.fixture(scope="package")

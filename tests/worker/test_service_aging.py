@@ -6,7 +6,8 @@ from infra.settings import Settings
 from infra.wire import queues
 from infra.wire.protocol import JobMessage, queue_name
 from tests.conftest import make_engine
-from worker.service import BATCH_EVERY, TAKE_AT_MOST, WorkerService
+from worker.intake import BATCH_EVERY, TAKE_AT_MOST
+from worker.service import WorkerService
 
 
 def test_batch_jobs_age_past_a_stream_of_interactive_ones(redis_server, redis_client, tiny_path):
@@ -20,7 +21,7 @@ def test_batch_jobs_age_past_a_stream_of_interactive_ones(redis_server, redis_cl
         make_engine(tiny_path), Settings(redis_url=redis_server.url), "p", ["short"]
     )
     taken = []
-    while polled := service._poll(TAKE_AT_MOST):  # as many per round trip as it may
+    while polled := service.intake.poll(TAKE_AT_MOST):  # as many per round trip as it may
         for message, job in polled:
             taken.append(job.job_id)
             service.taker.ack_now(message)

@@ -10,20 +10,13 @@ from prometheus_client import generate_latest
 from pydantic import ValidationError
 
 from infra.doctor.scrape import Scrape
+from infra.plan.roofline import DevicePeaks, ModelCost, utilisation
 from infra.settings import Settings
 from tests.conftest import make_engine
+from worker.device_peaks import device_peaks, measure_peaks
 from worker.engine import SamplingParams
 from worker.engine.llm_engine import StepStats
-from worker.metrics import (
-    DevicePeaks,
-    ModelCost,
-    WorkerMetrics,
-    device_peaks,
-    ema,
-    measure_peaks,
-    model_label,
-    utilisation,
-)
+from worker.metrics import WorkerMetrics, ema, model_label
 from worker.models.config import ModelConfig
 
 # hidden 8, 2 heads of 4 (q = 8), 1 KV head (kv = 4), MLP 16, 2 layers, vocab 10.

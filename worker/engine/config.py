@@ -9,8 +9,10 @@ from dataclasses import dataclass
 class EngineConfig:
     """Knobs of the scheduler and KV cache.
 
-    kv_cache_memory: bytes for the KV pool; when None the runner sizes it from
-    kv_cache_fraction of free memory (CPU) or from a profiling run (CUDA).
+    kv_cache_memory: bytes for the KV pool; when None the runner sizes it: on CPU from
+    kv_cache_fraction of free memory; on CUDA like vLLM, from gpu_memory_utilization of
+    the device's memory minus what is in use and the peak of a profiling run
+    (worker/engine/kv_budget.py).
     num_kv_blocks: an explicit block count that overrides both (tests use tiny pools).
     """
 
@@ -19,7 +21,8 @@ class EngineConfig:
     max_num_batched_tokens: int = 1024
     max_model_len: int | None = None
     kv_cache_memory: int | None = None
-    kv_cache_fraction: float = 0.5
+    kv_cache_fraction: float = 0.5  # CPU: of MemAvailable
+    gpu_memory_utilization: float = 0.9  # CUDA: of the device's total memory, for everything
     num_kv_blocks: int | None = None
     enable_prefix_caching: bool = True
     attention_backend: str = "auto"  # auto (Triton on CUDA, cpp on CPU) | torch | cpp | triton
@@ -40,6 +43,10 @@ class EngineConfig:
             raise ValueError(f"kv_cache_memory must be positive bytes, got {self.kv_cache_memory}")
         if not 0.0 < self.kv_cache_fraction <= 1.0:
             raise ValueError(f"kv_cache_fraction must be in (0, 1], got {self.kv_cache_fraction}")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError(
+                f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
+            )
         if self.attention_backend not in ("auto", "torch", "cpp", "triton"):
             raise ValueError(
                 "attention_backend must be auto, torch, cpp or triton, "

@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from worker.engine.admission import check_prompt_ids, check_request, stop_token_ids
 from worker.engine.block_manager import BlockManager
 from worker.engine.config import EngineConfig
 from worker.engine.detokenizer import IncrementalDetokenizer
@@ -23,6 +24,8 @@ from worker.engine.sampler import Sampler
 from worker.engine.sampling_params import Priority, SamplingParams
 from worker.engine.scheduler import ScheduledRequest, Scheduler
 from worker.models.llama import LlamaModel
+from worker.models.loader import load_model
+from worker.models.resolve import resolve_model_path
 from worker.models.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -71,9 +74,6 @@ class LLMEngine:
     def from_pretrained(
         cls, model: str, dtype: str | None = None, device: str = "auto", **config: Any
     ) -> LLMEngine:
-        from worker.models.loader import load_model
-        from worker.models.resolve import resolve_model_path
-
         folder = resolve_model_path(model)
         engine = cls(load_model(folder, dtype, device), Tokenizer(folder), EngineConfig(**config))
         engine.model_name = model
@@ -87,30 +87,14 @@ class LLMEngine:
 
     def validate(self, num_prompt_tokens: int, params: SamplingParams) -> None:
         """Raise ValueError naming the numbers when a request can never run here."""
-        if num_prompt_tokens < 1:
-            raise ValueError("prompt is empty: at least one token is required")
-        total = num_prompt_tokens + params.max_tokens
-        if num_prompt_tokens >= self.max_model_len:
-            raise ValueError(
-                f"prompt has {num_prompt_tokens} tokens but the model's context is "
-                f"{self.max_model_len} tokens"
-            )
-        if total > self.max_model_len:
-            raise ValueError(
-                f"prompt ({num_prompt_tokens} tokens) + max_tokens ({params.max_tokens}) = "
-                f"{total} exceeds the model's context of {self.max_model_len} tokens"
-            )
-        if total > self.kv_capacity_tokens:
-            raise ValueError(
-                f"prompt ({num_prompt_tokens} tokens) + max_tokens ({params.max_tokens}) = "
-                f"{total} exceeds the KV cache capacity of {self.kv_capacity_tokens} tokens"
-            )
-        vocab = self.model.config.vocab_size
-        bad = next((t for t in params.logit_bias or () if t >= vocab), None)
-        if bad is not None:
-            raise ValueError(f"logit_bias token id {bad} is outside the vocabulary [0, {vocab})")
-        if params.structured is not None and self.grammar is None:
-            raise ValueError("structured output needs the model's tokenizer")
+        check_request(
+            num_prompt_tokens,
+            params,
+            max_model_len=self.max_model_len,
+            kv_capacity_tokens=self.kv_capacity_tokens,
+            vocab_size=self.model.config.vocab_size,
+            has_grammar=self.grammar is not None,
+        )
 
     def can_admit(
         self, num_prompt_tokens: int, max_tokens: int, prompt_token_ids: list[int] | None = None
@@ -128,19 +112,12 @@ class LLMEngine:
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in the engine")
         self.validate(len(prompt_token_ids), params)
-        vocab = self.model.config.vocab_size
-        bad = next((t for t in prompt_token_ids if not 0 <= t < vocab), None)
-        if bad is not None:
-            raise ValueError(f"prompt token id {bad} is outside the vocabulary [0, {vocab})")
+        check_prompt_ids(prompt_token_ids, self.model.config.vocab_size)
         if params.structured is not None:
             assert self.grammar is not None
             self.grammar.add(request_id, params.structured)  # ValueError for a bad grammar
         request = Request(request_id, prompt_token_ids, params, priority, next(self._arrivals))
-        explicit = params.stop_token_ids
-        stops = set(explicit) if explicit is not None else set(self.eos_token_ids)
-        request.stop_token_ids = frozenset(
-            stops - self.eos_token_ids if params.ignore_eos else stops
-        )
+        request.stop_token_ids = stop_token_ids(params, self.eos_token_ids)
         self.requests[request_id] = request
         if self.tokenizer is not None:
             self._detoks[request_id] = IncrementalDetokenizer(

@@ -3,6 +3,11 @@
 Owns the KV cache: one K and one V tensor per layer, ``[kv_heads, num_blocks,
 block_size, head_dim]`` (the layout ``kernels.attention`` documents), sized from a
 memory budget.
+
+Off the CPU, ``__init__`` first runs ``profile_run``: the largest steps the scheduler can
+make, with every tensor on the model's device (checked), so each kernel shape is compiled
+before serving and, on CUDA, the peak is measured for the KV budget
+(``worker/engine/kv_budget.py``).
 """
 
 from __future__ import annotations
@@ -15,7 +20,10 @@ import torch
 from kernels import AttentionMetadata
 from kernels.attention import decode_reads_rows_in_place, set_attention_backend
 from kernels.attention_metadata import DecodeGroup, PrefillChunk
+from kernels.launch import check_devices
 from worker.engine.config import EngineConfig
+from worker.engine.kv_budget import GpuMemory, gpu_kv_budget
+from worker.engine.sampler import profile_sampling
 from worker.engine.scheduler import ScheduledRequest, SchedulerOutput
 from worker.models.llama import LlamaModel
 
@@ -26,6 +34,19 @@ log = logging.getLogger(__name__)
 class StepResult:
     logits: torch.Tensor  # [num_sampled, vocab] float32
     sampled_ids: list[str]  # request ids, row order of logits
+
+
+def model_weight_bytes(model: LlamaModel) -> int:
+    """Bytes of the model's tensors (a tied lm_head counted once)."""
+    seen: dict[int, int] = {}
+    tensors = [model.embed, model.norm, model.lm_head.weight]
+    for layer in model.layers:
+        tensors += [layer.input_norm, layer.post_norm]
+        for lin in (layer.qkv, layer.o, layer.gate_up, layer.down):
+            tensors += [t for t in (lin.weight, lin.bias, lin.gemv_weight) if t is not None]
+    for t in tensors:
+        seen[t.data_ptr()] = t.numel() * t.element_size()
+    return sum(seen.values())
 
 
 def available_memory_bytes() -> int:
@@ -49,10 +70,11 @@ class ModelRunner:
         cfg = model.config
         self.block_bytes = cfg.kv_bytes_per_token(model.dtype.itemsize) * self.block_size
         set_attention_backend(config.attention_backend)
-        self.one_decode_group = decode_reads_rows_in_place(self.device, model.dtype)
         triton = config.attention_backend == "triton" or (
             config.attention_backend == "auto" and self.device.type == "cuda"
         )
+        # Kernels that read each row's own length take every decode row in one launch.
+        self.one_decode_group = triton or decode_reads_rows_in_place(self.device, model.dtype)
         if triton and (self.block_size < 16 or model.config.head_dim < 16):
             raise ValueError(
                 f"the Triton attention kernels need block_size >= 16 and head_dim >= 16, "
@@ -76,45 +98,112 @@ class ModelRunner:
 
     def _plan_num_blocks(self, max_model_len: int) -> int:
         cfg = self.config
+        profile_cache_bytes = 0
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(self.device)
+        if self.device.type != "cpu":
+            profile_cache_bytes = self.profile_run()
         if cfg.num_kv_blocks is not None:
             return cfg.num_kv_blocks
         # Never more than every sequence slot at full length needs.
         useful = cfg.max_num_seqs * -(-max_model_len // self.block_size)
         if cfg.kv_cache_memory is not None:
-            budget = cfg.kv_cache_memory
+            num = cfg.kv_cache_memory // self.block_bytes
         elif self.device.type == "cuda":
-            budget = self._profile_cuda_budget()
+            num = self._cuda_num_blocks(profile_cache_bytes)
+        elif self.device.type == "cpu":
+            num = int(available_memory_bytes() * cfg.kv_cache_fraction) // self.block_bytes
         else:
-            budget = int(available_memory_bytes() * cfg.kv_cache_fraction)
-        num = min(budget // self.block_bytes, useful)
+            raise ValueError(
+                f"no KV budget rule for device {self.device}: set kv_cache_memory or num_kv_blocks"
+            )
         if num < 1:
             raise ValueError(
-                f"KV cache budget of {budget} bytes is below one block ({self.block_bytes} bytes)"
+                f"KV cache budget is below one block ({self.block_bytes} bytes): "
+                f"raise kv_cache_memory or kv_cache_fraction"
             )
-        return int(num)
+        return int(min(num, useful))
 
-    def _profile_cuda_budget(self) -> int:
-        """Like vLLM's gpu_memory_utilization: total x fraction minus the peak of a full step."""
+    def _cuda_num_blocks(self, profile_cache_bytes: int) -> int:
+        """vLLM's rule: utilization x total - in use - the profiled step's activations."""
         torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats(self.device)
-        n = self.config.max_num_batched_tokens
-        cfg = self.model.config
-        shape = (cfg.num_kv_heads, -(-n // self.block_size), self.block_size, cfg.head_dim)
+        free, total = torch.cuda.mem_get_info(self.device)
+        mem = GpuMemory(
+            total=total,
+            free=free,
+            peak_allocated=torch.cuda.max_memory_allocated(self.device),
+            allocated=torch.cuda.memory_allocated(self.device),
+        )
+        budget = gpu_kv_budget(
+            mem,
+            self.config.gpu_memory_utilization,
+            self.block_bytes,
+            self.block_size,
+            model_weight_bytes(self.model),
+            profile_cache_bytes,
+            self.config.max_num_batched_tokens,
+        )
+        log.info(
+            "KV budget: %.2f GiB (total %.2f GiB x %.2f, in use %.2f GiB, activations %.2f GiB)",
+            budget.budget_bytes / 2**30, total / 2**30, self.config.gpu_memory_utilization,
+            mem.used / 2**30, budget.activation_bytes / 2**30,
+        )  # fmt: skip
+        return budget.num_blocks
+
+    @torch.inference_mode()
+    def profile_run(self) -> int:
+        """The largest steps, on the model's device; returns its stand-in KV cache's bytes.
+
+        1. max_num_batched_tokens tokens sampling max_num_seqs rows (decodes and one
+           prefill), then the sampler's sorted path over those logits: the peak;
+        2. a decode-only step at max_num_seqs rows, and a 16-token chunk after a cached
+           prefix: every decode and prefill kernel shape compiled before serving.
+        Every step's tensors are checked to be on the model's device.
+        """
+        cfg, mcfg, bs = self.config, self.model.config, self.block_size
+        n, seqs = cfg.max_num_batched_tokens, cfg.max_num_seqs
+        rows = min(seqs, n)
+        chunk = min(16, n)  # the small prefill tile, after a one-block cached prefix
+        num_blocks = max(-(-(n - rows + 1) // bs), -(-(bs + chunk) // bs)) + seqs
+        shape = (mcfg.num_kv_heads, num_blocks, bs, mcfg.head_dim)
         caches = [
-            (torch.zeros(shape, dtype=self.model.dtype, device=self.device),) * 2
-            for _ in range(cfg.num_layers)
+            tuple(torch.zeros(shape, dtype=self.model.dtype, device=self.device) for _ in "kv")
+            for _ in range(mcfg.num_layers)
         ]
-        ids = torch.zeros(n, dtype=torch.long, device=self.device)
-        pos = torch.arange(n, device=self.device)
-        meta = AttentionMetadata(slot_mapping=pos, block_size=self.block_size)
-        meta.prefills.append(PrefillChunk(slice(0, n), 0, torch.arange(shape[1])))
-        self.model.forward(ids, pos, caches, meta, pos[-1:])
-        torch.cuda.synchronize(self.device)
-        peak = torch.cuda.max_memory_allocated(self.device)
+        prefill = list(range(seqs, num_blocks))
+
+        def decodes(count: int) -> list[ScheduledRequest]:  # one block each, context bs
+            return [ScheduledRequest(f"d{i}", [0], bs - 1, [i], True) for i in range(count)]
+
+        steps = [
+            [*decodes(rows - 1), ScheduledRequest("p", [0] * (n - rows + 1), 0, prefill, True)],
+            decodes(seqs),
+            [ScheduledRequest("c", [0] * chunk, bs, prefill, True)],
+        ]
+        for i, scheduled in enumerate(steps):
+            logits = self._run(scheduled, caches)  # type: ignore[arg-type]
+            if i == 0:
+                profile_sampling(logits)
+            del logits
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
         del caches
-        torch.cuda.empty_cache()
-        total = torch.cuda.get_device_properties(self.device).total_memory
-        return int(total * self.config.kv_cache_fraction) - peak
+        return 2 * mcfg.num_layers * torch.Size(shape).numel() * self.model.dtype.itemsize
+
+    def _run(
+        self, scheduled: list[ScheduledRequest], caches: list[tuple[torch.Tensor, torch.Tensor]]
+    ) -> torch.Tensor:
+        step = build_step_inputs(scheduled, self.block_size, self.device, not self.one_decode_group)
+        check_devices(
+            "profile step",
+            {"weights": self.model.embed, "input_ids": step.input_ids,
+             "positions": step.positions, "logits_rows": step.logits_rows,
+             **step.meta.tensors()},
+        )  # fmt: skip
+        return self.model.forward(
+            step.input_ids, step.positions, caches, step.meta, step.logits_rows
+        )
 
     def execute(self, out: SchedulerOutput) -> StepResult:
         step = build_step_inputs(

@@ -1,6 +1,12 @@
 """Turn a step's logits into next tokens: logits processing, then greedy, temperature,
 top-k, top-p, with per-request seeds.
 
+Sampling is batched (``kernels/sampling.py``): one host-to-device copy of the rows'
+options per step (pinned and non-blocking on CUDA), one inverse-CDF draw for all random
+rows, a sort only for rows that ask for top-k or top-p, and one read of the step's tokens
+back to the host. A seeded request's draw is a pure function of its seed and how many
+tokens it has produced, so it does not depend on the batch (nor on preemption).
+
 Order per row (only rows that set an option are touched, so plain greedy rows stay
 bit-identical): raw logprobs are read first; then logit_bias, min_tokens, penalties
 (repetition, frequency, presence) and the grammar mask; then sampling.
@@ -8,12 +14,14 @@ bit-identical): raw logprobs are read first; then logit_bias, min_tokens, penalt
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
-from worker.engine.grammar import GrammarMasks
+from kernels.sampling import row_uniform, sample_rows, top_k_top_p_mask
 from worker.engine.logits_processors import (
     apply_logit_bias,
     apply_penalties,
@@ -23,23 +31,21 @@ from worker.engine.logits_processors import (
     top_logprobs,
 )
 from worker.engine.request import Request, TokenLogprob
-from worker.engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from worker.engine.grammar import GrammarMasks
+
+__all__ = ["Sampler", "SamplerOutput", "profile_sampling", "top_k_top_p_mask"]
+
+# Rows of the per-step option block, one column per random row (float64: exact for ints).
+ROW, TEMP, TOP_K, TOP_P, UNIFORM = range(5)
 
 
-def top_k_top_p_mask(
-    sorted_logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
-) -> torch.Tensor:
-    """True where a token is cut, for logits sorted descending along the last dim.
+NO_TOKEN = "no token to sample: the logits are NaN or every token is cut"
 
-    top_k [N] (vocab size = off), top_p [N] (1.0 = off). The top token always survives.
-    """
-    ranks = torch.arange(sorted_logits.shape[-1], device=sorted_logits.device)
-    cut = ranks.unsqueeze(0) >= top_k.unsqueeze(1)
-    probs = torch.softmax(sorted_logits.masked_fill(cut, float("-inf")), dim=-1)
-    mass_before = probs.cumsum(dim=-1) - probs
-    cut |= mass_before >= top_p.unsqueeze(1)
-    cut[:, 0] = False
-    return cut
+
+class NoTokenToSample(ValueError):
+    """The row's logits are NaN, or every token is cut."""
 
 
 @dataclass
@@ -52,27 +58,17 @@ class SamplerOutput:
 
 
 class Sampler:
-    """Holds one generator per seeded request so its draws do not depend on batching."""
+    """Seeded rows draw from (seed, tokens produced so far); unseeded rows from a host
+    generator (``seed`` fixes it, for tests)."""
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, seed: int | None = None) -> None:
         self.device = device
-        self._generators: dict[str, torch.Generator] = {}
         self._prompt_ids: dict[str, torch.Tensor] = {}  # for repetition_penalty
-        self._default = torch.Generator(device=device)
-        self._default.seed()
+        self._rng = random.Random(seed)
+        self._host: torch.Tensor | None = None  # the option block's host buffer (pinned)
 
     def forget(self, request_id: str) -> None:
-        self._generators.pop(request_id, None)
         self._prompt_ids.pop(request_id, None)
-
-    def _generator(self, request_id: str, params: SamplingParams) -> torch.Generator:
-        if params.seed is None:
-            return self._default
-        gen = self._generators.get(request_id)
-        if gen is None:
-            gen = torch.Generator(device=self.device).manual_seed(params.seed)
-            self._generators[request_id] = gen
-        return gen
 
     @torch.inference_mode()  # the model's logits are inference tensors; edits stay in that mode
     def sample(
@@ -144,31 +140,76 @@ class Sampler:
         return ids
 
     def _choose(self, logits: torch.Tensor, requests: Sequence[Request]) -> list[int | Exception]:
-        greedy = logits.argmax(dim=-1).tolist()
-        params = [r.params for r in requests]
-        random_rows = [i for i, p in enumerate(params) if not p.is_greedy]
-        if not random_rows:
-            return list(greedy)
-        out: list[int | Exception] = list(greedy)
-        rows = torch.tensor(random_rows, device=logits.device)
         vocab = logits.shape[-1]
-        temps = torch.tensor([params[i].temperature for i in random_rows], device=logits.device)
-        top_k = torch.tensor(
-            [params[i].top_k if params[i].top_k > 0 else vocab for i in random_rows],
-            device=logits.device,
-        )
-        top_p = torch.tensor([params[i].top_p for i in random_rows], device=logits.device)
-        scaled = logits[rows] / temps.unsqueeze(1)
-        sorted_logits, sorted_ids = scaled.sort(dim=-1, descending=True)
-        sorted_logits = sorted_logits.masked_fill(
-            top_k_top_p_mask(sorted_logits, top_k, top_p), float("-inf")
-        )
-        probs = torch.softmax(sorted_logits, dim=-1)
-        for j, i in enumerate(random_rows):
-            try:
-                gen = self._generator(requests[i].request_id, params[i])
-                pick = torch.multinomial(probs[j], 1, generator=gen)
-                out[i] = int(sorted_ids[j, pick].item())
-            except Exception as e:
-                out[i] = e
+        tokens = logits.argmax(dim=-1)
+        random_rows = [i for i, r in enumerate(requests) if not r.params.is_greedy]
+        if not random_rows:
+            return list(tokens.tolist())
+        # Rows without top-k/top-p first: each kind is then one slice of the option block.
+        plain = [i for i in random_rows if not _cuts(requests[i], vocab)]
+        cut = [i for i in random_rows if _cuts(requests[i], vocab)]
+        opts = self._options(vocab, requests, plain + cut)
+        max_k = max((_top_k(requests[i], vocab) for i in cut), default=vocab)
+        bad = torch.zeros_like(tokens)
+        for o, filtered in ((opts[:, : len(plain)], False), (opts[:, len(plain) :], True)):
+            if o.shape[1] == 0:
+                continue
+            rows = o[ROW].long()
+            scaled = logits[rows] / o[TEMP].float().unsqueeze(1)
+            top_k, top_p = (o[TOP_K].long(), o[TOP_P].float()) if filtered else (None, None)
+            picked, failed = sample_rows(scaled, o[UNIFORM], top_k, top_p, max_k)
+            tokens[rows] = picked
+            bad[rows] = failed.long()
+        out: list[int | Exception] = []
+        for token, failed in zip(*torch.stack([tokens, bad]).tolist(), strict=True):
+            out.append(NoTokenToSample(NO_TOKEN) if failed else token)
         return out
+
+    def _options(
+        self, vocab: int, requests: Sequence[Request], random_rows: list[int]
+    ) -> torch.Tensor:
+        """[5, n] float64 on the device: row, temperature, top_k, top_p, uniform."""
+        n = len(random_rows)
+        host = self._host_buffer(5 * n)
+        block = host.numpy()[: 5 * n].reshape(5, n)
+        for j, i in enumerate(random_rows):
+            r = requests[i]
+            p = r.params
+            seed = p.seed if p.seed is not None else self._rng.getrandbits(63)
+            count = r.num_output_tokens if p.seed is not None else 0
+            top_k = _top_k(r, vocab)
+            block[:, j] = (i, p.temperature, top_k, p.top_p, row_uniform(seed, count))
+        view = host[: 5 * n].view(5, n)
+        if self.device.type == "cpu":
+            return view.clone()  # the buffer is reused by the next step
+        return view.to(self.device, non_blocking=True)  # done before the step's .tolist()
+
+    def _host_buffer(self, size: int) -> torch.Tensor:
+        if self._host is None or self._host.numel() < size:
+            pin = self.device.type == "cuda"
+            cap = max(size, 5 * 64)
+            self._host = torch.empty(cap, dtype=torch.float64, pin_memory=pin)
+        return self._host
+
+
+def _top_k(request: Request, vocab: int) -> int:
+    k = request.params.top_k
+    return k if 0 < k < vocab else vocab
+
+
+def _cuts(request: Request, vocab: int) -> bool:
+    p = request.params
+    return 0 < p.top_k < vocab or p.top_p < 1.0
+
+
+def profile_sampling(logits: torch.Tensor) -> torch.Tensor:
+    """The sampler's most memory-hungry path (every row random with top-k and top-p, so
+    sorted) on logits [N, vocab], on any device; for the model runner's profiling run."""
+    n, vocab = logits.shape
+    dev = logits.device
+    u = torch.full((n,), 0.5, dtype=torch.float64, device=dev)
+    top_k = torch.full((n,), max(1, vocab // 2), dtype=torch.long, device=dev)
+    top_p = torch.full((n,), 0.9, device=dev)
+    greedy = logits.argmax(dim=-1)
+    picked, _ = sample_rows(logits / 0.7, u, top_k, top_p)
+    return torch.where(picked >= 0, picked, greedy)

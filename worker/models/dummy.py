@@ -17,6 +17,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 
 from worker.models.config import ModelLoadError
 from worker.models.registry import DEFAULT_SEED
+from worker.models.tokenizer import byte_level_alphabet
 
 SPECIALS = ["<pad>", "<s>", "</s>", "<unk>"]
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = range(4)
@@ -41,22 +42,9 @@ PRESETS: dict[str, dict[str, Any]] = {
 }  # fmt: skip
 
 
-def byte_to_unicode() -> dict[int, str]:
-    """Printable stand-ins for the 256 byte values (the byte-level BPE alphabet)."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
-    mapping, extra = {}, 0
-    for b in range(256):
-        if b in printable:
-            mapping[b] = chr(b)
-        else:
-            mapping[b] = chr(256 + extra)
-            extra += 1
-    return mapping
-
-
 def build_byte_tokenizer() -> Tokenizer:
     vocab = {tok: i for i, tok in enumerate(SPECIALS)}
-    for b, ch in byte_to_unicode().items():
+    for ch, b in byte_level_alphabet().items():
         vocab[ch] = NUM_SPECIALS + b
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
     tok.add_special_tokens(SPECIALS)

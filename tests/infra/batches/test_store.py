@@ -76,8 +76,9 @@ def test_update_and_lines(redis_client):
 
 
 def test_refusal_entry():
-    entry = refusal(400, "body.max_tokens: too big", "row-7")
+    entry = refusal(400, "body.max_tokens: too big", "row-7", "body.max_tokens")
     assert entry.startswith(REFUSED)
     assert json.loads(entry.removeprefix(REFUSED)) == {
         "status": 400, "message": "body.max_tokens: too big", "custom_id": "row-7",
+        "param": "body.max_tokens",
     }  # fmt: skip

@@ -41,7 +41,8 @@ def test_every_flag_sets_an_engine_keyword_with_the_engine_default():
 def test_serving_commands_take_every_engine_flag(command):
     args = parse(command)
     assert engine_kwargs(args) == {
-        "dtype": None, "device": "auto", "kv_cache_memory": None, "max_num_seqs": 64,
+        "dtype": None, "device": "auto", "kv_cache_memory": None,
+        "gpu_memory_utilization": 0.9, "max_num_seqs": 64,
         "max_num_batched_tokens": 1024, "attention_backend": "auto",
         "enable_prefix_caching": True, "batching": "continuous",
     }  # fmt: skip
@@ -57,8 +58,9 @@ def test_generate_takes_all_but_batching():
 def test_default_worker_argv_is_what_tide_up_always_passed():
     argv = worker_argv(parse("up"))
     assert argv == [
-        "--device", "auto", "--max-num-seqs", "64", "--max-num-batched-tokens", "1024",
-        "--attention-backend", "auto", "--batching", "continuous",
+        "--device", "auto", "--gpu-memory-utilization", "0.9", "--max-num-seqs", "64",
+        "--max-num-batched-tokens", "1024", "--attention-backend", "auto",
+        "--batching", "continuous",
     ]  # fmt: skip
 
 

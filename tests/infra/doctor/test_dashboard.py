@@ -7,8 +7,9 @@ import re
 
 from prometheus_client import CollectorRegistry
 
+from infra.plan.roofline import DevicePeaks, ModelCost
 from tests.conftest import ROOT
-from worker.metrics import DevicePeaks, ModelCost, WorkerMetrics
+from worker.metrics import WorkerMetrics
 
 DASHBOARD = ROOT / "infra/grafana/tide-dashboard.json"
 NAME = re.compile(r"(?<![\w:])((?:tide:|process_)[A-Za-z0-9_:]+)")

@@ -29,3 +29,39 @@ def test_local_worker_ids_are_never_reused_across_runs(monkeypatch):
         ids += list(a.procs["default"])
     assert len(set(ids)) == 4, ids
     assert all(i.startswith("default-local-") for i in ids)
+
+
+class EnvPopen(Popen):
+    def __init__(self, argv, **kwargs):  # type: ignore[no-untyped-def]
+        super().__init__(argv)
+        self.env = kwargs.get("env") or {}
+        self.alive = True
+
+    def poll(self) -> int | None:
+        return None if self.alive else 0
+
+
+def test_each_local_worker_gets_its_own_gpu_and_none_past_the_last(monkeypatch):
+    monkeypatch.setattr(local_actuator.subprocess, "Popen", EnvPopen)
+    fleet = local_default_fleet(0, 4)
+    pool = fleet.pools["default"]
+    a = LocalActuator(fleet, env={"CUDA_VISIBLE_DEVICES": "2,5"})
+    assert a.gpus == ["2", "5"]
+    a.launch(pool, 4)  # two GPUs: two workers, one per GPU
+    procs = list(a.procs["default"].values())
+    assert sorted(p.proc.env["CUDA_VISIBLE_DEVICES"] for p in procs) == ["2", "5"]
+    procs[0].proc.alive = False  # one exits: its GPU is free again
+    a.remove_drained(pool)
+    a.launch(pool, 1)
+    gpus = sorted(p.proc.env["CUDA_VISIBLE_DEVICES"] for p in a.procs["default"].values())
+    assert gpus == ["2", "5"]
+
+
+def test_without_gpus_workers_are_not_pinned(monkeypatch):
+    monkeypatch.setattr(local_actuator.subprocess, "Popen", EnvPopen)
+    monkeypatch.setattr(local_actuator, "visible_gpus", lambda env: [])
+    fleet = local_default_fleet(0, 3)
+    a = LocalActuator(fleet, env={})
+    a.launch(fleet.pools["default"], 3)
+    assert len(a.procs["default"]) == 3
+    assert all("CUDA_VISIBLE_DEVICES" not in p.proc.env for p in a.procs["default"].values())

@@ -25,6 +25,7 @@ from infra.plan.planner import (
     kv_bytes,
     plan,
 )
+from infra.plan.roofline import ModelCost
 from tests.conftest import ROOT, STORIES
 
 LLAMA2_7B = ModelShape.from_preset("llama-2-7b")
@@ -252,7 +253,7 @@ def test_decode_roofline_batch1_is_bandwidth_over_bytes_read():
 def test_decode_roofline_is_capped_by_compute():
     slow = DeviceSpec("slow", 80 * GiB, 3e12, 1e12, 1e11)  # 1 TFLOP/s: compute bound early
     rate = estimate_decode_tokens_per_s(LLAMA2_7B, slow, 64, 100, "bfloat16")
-    assert rate == pytest.approx(1e12 / LLAMA2_7B.flops_per_token(100))
+    assert rate == pytest.approx(1e12 / ModelCost.from_shape(LLAMA2_7B).flops_per_token(100))
     p = plan(LLAMA2_7B, device=slow, prompt_len=64, output_len=72)
     assert p.decode_bound == "compute"
     # The batch stops where more sequences add no throughput.
@@ -266,7 +267,7 @@ def test_work_rate_adds_prefill_to_decode_time():
     l4 = get_device("l4")
     p = plan(LLAMA2_7B, device=l4, prompt_len=1000, output_len=200)
     assert p.decode_tokens_per_s is not None and p.work_tokens_per_s is not None
-    prefill_s = 1000 * LLAMA2_7B.flops_per_token(500) / l4.peak_flops_16bit
+    prefill_s = 1000 * ModelCost.from_shape(LLAMA2_7B).flops_per_token(500) / l4.peak_flops_16bit
     per_request_s = 200 / p.decode_tokens_per_s + prefill_s
     assert p.work_tokens_per_s == pytest.approx(1200 / per_request_s)
     # Decode-only work would be faster: prefill costs something.

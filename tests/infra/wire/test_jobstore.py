@@ -188,3 +188,15 @@ def test_backlog_forgets_queued_jobs_whose_record_expired(redis_client):
     b = read_backlog(redis_client)
     assert (b["long"].jobs, b["long"].tokens) == (0, 0)
     assert (b["short"].jobs, b["short"].tokens) == (1, 15)  # a live record stays
+
+
+def test_a_job_of_n_choices_counts_n_times_its_max_tokens_in_the_backlog(redis_client):
+    store = JobStore(redis_client)
+    fields = {
+        "id": "job_n", "tenant": "t", "status": "queued", "created_at": time.time(),
+        "bucket": "short", "prompt_tokens": 10, "max_tokens": 5, "n": 4,
+    }  # fmt: skip
+    store.create(NewJob(fields, "tide.short.interactive", "msg", None, 100, 100, 100, 3600))
+    assert read_backlog(redis_client)["short"].tokens == 10 + 4 * 5  # the prompt is shared
+    store.acquire("job_n", "w1", 5)
+    assert read_backlog(redis_client)["short"].tokens == 0

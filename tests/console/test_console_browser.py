@@ -1,0 +1,215 @@
+"""The web console in a real headless Chromium against a live `tide up` fleet.
+
+Each test signs in with a key, drives the pages as a person would and reads what they show;
+screenshots land in the test's tmp folder (TIDE_UPDATE_SCREENSHOTS=1 also refreshes
+docs/img/console-fleet.png).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+
+import pytest
+
+pytest.importorskip("selenium", reason="selenium (the dev extras) drives the browser tests")
+
+from selenium.webdriver.common.by import By
+
+from tests.conftest import ROOT
+from tests.console.driver import Console
+
+pytestmark = pytest.mark.slow
+
+PAGES = {  # page -> what shows it has drawn its data
+    "fleet": "tr[data-pool='live']",
+    "jobs": "#main table",
+    "batches": "#main table",
+    "playground": "#pg-send",
+}
+
+
+@pytest.fixture
+def console(browser, console_fleet, tmp_path) -> Console:
+    c = Console(browser, console_fleet.url, tmp_path / "screenshots")
+    c.errors()  # drop what earlier tests left in the log
+    return c
+
+
+def test_every_page_loads_without_console_errors(console):
+    console.sign_in("key-op")
+    for page, ready in PAGES.items():
+        console.go(page)
+        console.wait(lambda ready=ready: console.visible(ready), f"{page} drawn")
+        time.sleep(1.2)  # at least one more poll of the page's data
+        console.screenshot(page)
+        assert console.errors() == [], page
+        assert "error" not in (console.attr(".status-line", "class") or ""), console.text(
+            ".status-line"
+        )
+
+
+def test_docs_and_redoc_render_offline(console, console_fleet):
+    d = console.d
+    d.get(f"{console_fleet.url}/docs")
+    ops = console.wait(lambda: d.find_elements(By.CSS_SELECTOR, ".opblock-summary-path"), "ops")
+    paths = {el.text.replace("\u200b", "") for el in ops}
+    assert {"/v1/jobs", "/v1/jobs/{job_id}", "/v1/batches"} <= paths
+    console.screenshot("docs")
+    d.get(f"{console_fleet.url}/redoc")
+    console.wait(lambda: "/v1/jobs" in d.find_element(By.TAG_NAME, "body").text, "redoc ops")
+    scripts = [s.get_attribute("src") for s in d.find_elements(By.TAG_NAME, "script")]
+    styles = [s.get_attribute("href") for s in d.find_elements(By.CSS_SELECTOR, "link")]
+    assert all(s.startswith(console_fleet.url) for s in scripts + styles if s), scripts + styles
+    # ReDoc's bundle hard-codes one decorative image (its "by Redocly" badge) on its CDN and
+    # hides it when it fails to load: the only request that leaves the machine.
+    badge = "cdn.redoc.ly/redoc/logo-mini.svg"
+    assert [e for e in console.errors() if badge not in e] == []
+
+
+def test_playground_streams_an_answer(console):
+    console.sign_in("key-a")
+    console.go("playground")
+    d = console.d
+    # Record each change of the answer as it happens: tokens arrive in more than one piece.
+    d.execute_script("""
+        window.__pieces = [];
+        new MutationObserver(() => window.__pieces.push(
+            document.getElementById('pg-output').textContent.length))
+          .observe(document.getElementById('pg-output'), {childList: true, characterData: true,
+                                                          subtree: true});
+    """)
+    box = d.find_element(By.ID, "pg-input")
+    box.send_keys("Once upon a time, there was a little dog")
+    tokens = d.find_element(By.ID, "pg-max-tokens")
+    tokens.clear()
+    tokens.send_keys("120")
+    temperature = d.find_element(By.ID, "pg-temperature")
+    temperature.clear()
+    temperature.send_keys("0")  # greedy: the same answer on every run
+    d.find_element(By.ID, "pg-send").click()
+    console.wait(lambda: console.text("#pg-status") in ("completed", "failed"), "answer done")
+    assert console.text("#pg-status") == "completed"
+    assert console.text("#pg-bucket") == "short"
+    assert console.text("#pg-ttft").endswith(("ms", "s"))
+    answer = console.text("#pg-output")
+    assert answer.strip()
+    pieces = d.execute_script("return window.__pieces")
+    assert len(set(pieces)) >= 2 and pieces == sorted(pieces), pieces  # streamed, growing
+    console.screenshot("playground-answer")
+    assert console.errors() == []
+
+
+def _row_status(console, job_id):
+    return console.attr(f"tr[data-job='{job_id}']", "data-status")
+
+
+def _pool_actual(console, pool):
+    return console.text(f"tr[data-pool='{pool}'] td.actual")
+
+
+def test_queued_job_completes_while_its_pool_scales_0_1_0(console, console_fleet):
+    console.sign_in("key-op")
+    console.go("fleet")
+    console.wait(lambda: _pool_actual(console, "burst") == "0", "burst pool at zero", 60)
+    with console_fleet.client("key-op") as api:  # medium bucket: only the burst pool serves it
+        body = {"prompt": "Once upon a time", "max_tokens": 400, "ignore_eos": True}
+        job = api.post("/v1/jobs", json=body).json()
+    assert job["bucket"] == "medium"
+    console.go("jobs")
+    console.wait(lambda: _row_status(console, job["id"]) == "queued", "the job queued")
+    console.screenshot("jobs-queued")
+    console.go("fleet")
+    console.wait(lambda: _pool_actual(console, "burst") == "1", "burst pool at one", 60)
+    console.wait(lambda: console.visible("tr[data-worker^='burst']"), "the burst worker", 60)
+    time.sleep(1.5)  # a few points on the plots
+    shot = console.screenshot("fleet-scaled-out")
+    if os.environ.get("TIDE_UPDATE_SCREENSHOTS") == "1":
+        shutil.copy(shot, ROOT / "docs" / "img" / "console-fleet.png")
+    assert console.visible("tr[data-decision-pool='burst'][data-action='scale_out']")
+    console.go(f"jobs/{job['id']}")
+    console.wait(lambda: console.attr("#main", "data-job-status") == "completed", "completed", 60)
+    assert console.text("#job-output").strip()
+    console.go("fleet")
+    console.wait(lambda: _pool_actual(console, "burst") == "0", "burst pool back to zero", 60)
+    assert console.visible(
+        "tr[data-decision-pool='burst'][data-action='scale_to_min'], "
+        "tr[data-decision-pool='burst'][data-action='scale_in']"
+    )
+    assert console.errors() == []
+
+
+def test_cancel_a_running_job(console, console_fleet):
+    console.sign_in("key-a")
+    body = {"prompt": "Once upon a time", "max_tokens": 280, "ignore_eos": True}
+    with console_fleet.client("key-a") as api:
+        jobs = [api.post("/v1/jobs", json=body).json()["id"] for _ in range(8)]
+        try:
+            cancelled = None
+            for _ in range(4):  # a job may end before the click lands: take the next one
+                running = console.wait(
+                    lambda: next((j for j in jobs if api.get(f"/v1/jobs/{j}").json()["status"]
+                                  == "in_progress"), None), "a running job")  # fmt: skip
+                console.go(f"jobs/{running}")
+                button = console.wait(lambda: console.visible("#cancel-job:enabled"), "cancel")
+                button.click()
+                final = console.wait(
+                    lambda: console.attr("#main", "data-job-status") in ("cancelled", "completed")
+                    and console.attr("#main", "data-job-status"), "the job ended")  # fmt: skip
+                if final == "cancelled":
+                    cancelled = api.get(f"/v1/jobs/{running}").json()
+                    break
+            assert cancelled is not None, "every job ended before its cancel"
+            assert cancelled["result"]["finish_reason"] == "abort"
+            assert cancelled["usage"]["completion_tokens"] < 280
+            console.screenshot("job-cancelled")
+        finally:
+            for j in jobs:
+                api.delete(f"/v1/jobs/{j}")
+    assert console.errors() == []
+
+
+def test_batch_progress_reaches_100_percent(console, console_fleet):
+    console.sign_in("key-a")
+    lines = [{"custom_id": f"r{i}", "method": "POST", "url": "/v1/completions",
+              "body": {"prompt": f"Story {i}:", "max_tokens": 16}} for i in range(6)]  # fmt: skip
+    content = "".join(json.dumps(line) + "\n" for line in lines).encode()
+    with console_fleet.client("key-a") as api:
+        f = api.post("/v1/files", files={"file": ("b.jsonl", content)},
+                     data={"purpose": "batch"}).json()  # fmt: skip
+        create = {"input_file_id": f["id"], "endpoint": "/v1/completions",
+                  "completion_window": "24h"}  # fmt: skip
+        batch = api.post("/v1/batches", json=create).json()
+    console.go("batches")
+    row = f"tr[data-batch='{batch['id']}']"
+    console.wait(lambda: console.visible(row), "the batch row")
+    console.wait(lambda: console.attr(f"{row} .progress", "data-percent") == "100", "100 %", 60)
+    console.wait(lambda: console.attr(row, "data-status") == "completed", "completed", 60)
+    assert console.visible(f"{row} button[data-file]"), "no output file link"
+    assert "6 ✓ 0 ✗ / 6" in console.text(f"{row} .counts")
+    console.screenshot("batch-done")
+    assert console.errors() == []
+
+
+def test_tenant_a_never_sees_tenant_b(console, console_fleet):
+    with console_fleet.client("key-b") as b, console_fleet.client("key-a") as a:
+        body = {"prompt": "secret of b", "max_tokens": 4}
+        b_jobs = [b.post("/v1/jobs", json=body).json()["id"] for _ in range(3)]
+        a_job = a.post("/v1/jobs", json={"prompt": "mine", "max_tokens": 4}).json()["id"]
+    console.sign_in("key-a")
+    console.go("jobs")
+    console.wait(lambda: console.visible(f"tr[data-job='{a_job}']"), "A's own job")
+    time.sleep(1.6)  # one more poll
+    source = console.d.page_source
+    assert not any(j in source for j in b_jobs)
+    console.go(f"jobs/{b_jobs[0]}")
+    console.wait(lambda: "not found" in console.text(".status-line"), "B's job refused")
+    console.go("fleet")  # tenant A holds no operator key: no fleet-wide view
+    console.wait(lambda: "operator key" in console.text("#main"), "the operator notice")
+    console.screenshot("tenant-a")
+    console.sign_in("key-b")  # the control: B does see its jobs
+    console.go("jobs")
+    console.wait(lambda: console.visible(f"tr[data-job='{b_jobs[0]}']"), "B's own job")
+    assert a_job not in console.d.page_source

