@@ -41,6 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from infra.batches.store import BatchStore  # noqa: E402
+from infra.bench.open_loop import post_open_loop  # noqa: E402
 from infra.fleet.local_fleet import wait_ready  # noqa: E402
 from infra.fleet.redis_server import EmbeddedRedis, free_port  # noqa: E402
 from infra.jobs.schemas import JobCreate  # noqa: E402
@@ -179,39 +180,12 @@ def time_endpoints(url: str, job_id: str, samples: int) -> dict[str, dict[str, f
 
 
 async def open_loop(url: str, rate: float, n: int, concurrency: int) -> dict[str, float]:
-    """Open-loop POSTs over keep-alive connections (a minimal HTTP/1.1 client, as in
-    scripts/bench_gateway.py: the load generator shares the cores with the server)."""
-    host, port = url.removeprefix("http://").split(":")
-    body = json.dumps({"prompt": "Once upon a time, there was a little girl.", "max_tokens": 16})
-    request = (
-        f"POST /v1/jobs HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
-        f"Authorization: Bearer {TENANT_KEY}\r\nContent-Length: {len(body)}\r\n\r\n{body}"
-    ).encode()
-    start = time.perf_counter() + 0.2
-    todo: asyncio.Queue[tuple[int, float]] = asyncio.Queue()
-    for i in range(n):
-        todo.put_nowait((i, start + i / rate))
-    latencies: list[float] = []
-    accepted = 0
-
-    async def connection() -> None:
-        nonlocal accepted
-        reader, writer = await asyncio.open_connection(host, int(port))
-        while not todo.empty():
-            _, scheduled = todo.get_nowait()
-            await asyncio.sleep(max(0.0, scheduled - time.perf_counter()))
-            writer.write(request)
-            head = await reader.readuntil(b"\r\n\r\n")
-            length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
-            await reader.readexactly(length)
-            latencies.append(time.perf_counter() - scheduled)
-            accepted += head.split(b" ", 2)[1] == b"202"
-        writer.close()
-
-    await asyncio.gather(*(connection() for _ in range(concurrency)))
-    elapsed = time.perf_counter() - start
-    return {"accepted_per_s": accepted / elapsed, "p50_ms": 1e3 * percentile(latencies, 50),
-            "p99_ms": 1e3 * percentile(latencies, 99)}  # fmt: skip
+    """Open-loop job submissions (infra/bench/open_loop.py's minimal client)."""
+    body = {"prompt": "Once upon a time, there was a little girl.", "max_tokens": 16}
+    auth = {"Authorization": f"Bearer {TENANT_KEY}"}
+    r = await post_open_loop(url, "/v1/jobs", body, rate, n, concurrency, headers=auth)
+    return {"accepted_per_s": r.per_s(202), "p50_ms": 1e3 * percentile(r.latencies, 50),
+            "p99_ms": 1e3 * percentile(r.latencies, 99)}  # fmt: skip
 
 
 async def console_pages(url: str, pages: int, stop: asyncio.Event) -> int:

@@ -32,6 +32,7 @@ import redis
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from infra.bench.open_loop import post_open_loop  # noqa: E402
 from infra.fleet.local_fleet import wait_ready  # noqa: E402
 from infra.fleet.redis_server import EmbeddedRedis, free_port  # noqa: E402
 from infra.stats import percentile  # noqa: E402
@@ -40,50 +41,18 @@ STORIES = ROOT.parent / "shared/models/stories260K"
 
 
 async def open_loop(url: str, rate: float, n: int, concurrency: int, warmup: int = 0) -> dict:
-    """Open-loop POSTs over keep-alive connections (a minimal HTTP/1.1 client: the load
-    generator shares two cores with the server, so it must cost little per request)."""
-    host, port = url.removeprefix("http://").split(":")
-    body = json.dumps(
-        {"prompt": "Once upon a time, there was a little girl named Lily.", "max_tokens": 32}
-    ).encode()
-    request = (
-        f"POST /v1/jobs HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(body)}\r\n\r\n"
-    ).encode() + body
-    start = time.perf_counter() + 0.2
-    todo: asyncio.Queue[tuple[int, float]] = asyncio.Queue()
-    for i in range(warmup + n):
-        todo.put_nowait((i, start + i / rate))
-    latencies: list[float] = []
-    warm_latencies: list[float] = []
-    codes: dict[int, int] = {}
-
-    async def connection() -> None:
-        reader, writer = await asyncio.open_connection(host, int(port))
-        while not todo.empty():
-            i, scheduled = todo.get_nowait()
-            await asyncio.sleep(max(0.0, scheduled - time.perf_counter()))
-            writer.write(request)
-            head = await reader.readuntil(b"\r\n\r\n")
-            length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
-            await reader.readexactly(length)
-            (latencies if i >= warmup else warm_latencies).append(time.perf_counter() - scheduled)
-            code = int(head.split(b" ", 2)[1])
-            if i >= warmup:
-                codes[code] = codes.get(code, 0) + 1
-        writer.close()
-
-    await asyncio.gather(*(connection() for _ in range(concurrency)))
-    elapsed = time.perf_counter() - start - warmup / rate
+    """Open-loop job submissions (infra/bench/open_loop.py's minimal client)."""
+    body = {"prompt": "Once upon a time, there was a little girl named Lily.", "max_tokens": 32}
+    r = await post_open_loop(url, "/v1/jobs", body, rate, n, concurrency, warmup)
     return {
         "offered_rate": rate,
         "requests": n,
         "warmup_requests": warmup,
-        "warmup_p99_ms": 1e3 * percentile(warm_latencies, 99) if warm_latencies else None,
-        "accepted_per_s": codes.get(202, 0) / elapsed,
-        "p50_ms": 1e3 * percentile(latencies, 50),
-        "p99_ms": 1e3 * percentile(latencies, 99),
-        "codes": codes,
+        "warmup_p99_ms": 1e3 * percentile(r.warm_latencies, 99) if r.warm_latencies else None,
+        "accepted_per_s": r.per_s(202),
+        "p50_ms": 1e3 * percentile(r.latencies, 50),
+        "p99_ms": 1e3 * percentile(r.latencies, 99),
+        "codes": r.codes,
     }
 
 
