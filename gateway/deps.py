@@ -18,6 +18,7 @@ from infra.settings import Settings
 from infra.wire import job_scripts
 from infra.wire.codec import decode_hash
 from infra.wire.jobstore import JobStore
+from infra.wire.models import ModelCatalog
 from infra.wire.protocol import Keys
 
 
@@ -32,6 +33,10 @@ class GatewayState:
     files: FileStore
     batches: BatchStore
     load_error: str | None = None
+    # Every served model (gateway/served.py); `model`/`model_name` are the default one's.
+    catalog: ModelCatalog | None = None
+    models: dict[str, ModelInfo] = field(default_factory=dict)  # served name -> loaded
+    load_errors: dict[str, str] = field(default_factory=dict)  # served name -> why not
     tokenize_limiter: anyio.CapacityLimiter = field(init=False)
     serving_cache: tuple[float, set[str]] | None = None  # gateway/capacity.py
 

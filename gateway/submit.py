@@ -15,10 +15,12 @@ import anyio
 from gateway.deps import GatewayState
 from gateway.errors import ApiError
 from gateway.metrics import LIMIT_REASONS, tag_rejection
+from gateway.served import pick
 from infra.jobs.schemas import JobCreate
 from infra.jobs.submission import ModelInfo, SubmissionError, build_job, limit_error
 from infra.jobs.webhooks import UnsafeWebhookTarget, check_target
 from infra.wire.jobstore import LimitExceeded, NewJob
+from infra.wire.models import ServedModel
 from infra.wire.protocol import Priority
 
 # Below this many characters a request is prepared on the event loop: tokenising it takes
@@ -47,17 +49,19 @@ def script_call(job: NewJob) -> Prepared:
 
 
 async def prepare(
-    state: GatewayState, build: Callable[[ModelInfo], list[Prepared]], chars: int
+    state: GatewayState,
+    build: Callable[[ServedModel, ModelInfo], list[Prepared]],
+    chars: int,
+    requested: str | None = None,
 ) -> list[Prepared]:
-    """Run `build` (tokenise, check, encode) on the loop for small inputs, in a thread for
-    large ones; a refusal is answered as its error object."""
-    model = state.model
-    if model is None:
-        raise ApiError(503, f"tokenizer not loaded: {state.load_error}", code="model_not_loaded")
+    """Run `build` (tokenise, check, encode) for the model `requested` names (None: the
+    default; unknown: 404) on the loop for small inputs, in a thread for large ones; a
+    refusal is answered as its error object."""
+    served, model = pick(state, requested)
     try:
         if chars <= INLINE_MAX_CHARS:
-            return build(model)
-        return await anyio.to_thread.run_sync(build, model, limiter=state.tokenize_limiter)
+            return build(served, model)
+        return await anyio.to_thread.run_sync(build, served, model, limiter=state.tokenize_limiter)
     except SubmissionError as e:
         raise http_error(e) from None
 
@@ -91,11 +95,13 @@ async def submit_job(
     Idempotency-Key of the same tenant.
     """
 
-    def build(model: ModelInfo) -> list[Prepared]:
-        job = build_job(state.settings, model, tenant, body, idempotency_key, priority)
+    def build(served: ServedModel, model: ModelInfo) -> list[Prepared]:
+        job = build_job(
+            state.settings, model, tenant, body, idempotency_key, priority, served=served
+        )
         return [script_call(job)]
 
-    jobs = await prepare(state, build, input_chars(body))
+    jobs = await prepare(state, build, input_chars(body), body.model)
     if body.webhook:
         try:
             hosts = state.settings.webhook_allow_hosts

@@ -7,6 +7,7 @@ most deployments already set it.
 from __future__ import annotations
 
 import functools
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,11 @@ class Settings(BaseSettings):
     )
     data_dir: Path = Field(Path("./.tide"), description="embedded Redis AOF and local files")
     model: str = Field("dummy:tiny", description="HF folder or dummy:PRESET served by the fleet")
+    served_models: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="TIDE_SERVED_MODELS: JSON list of {name, model, aliases, bucket_short_max, "
+        "bucket_medium_max}, the default model first (infra/wire/models.py); [] = TIDE_MODEL alone",
+    )
     cache_dir: Path = Field(
         default_factory=lambda: Path.home() / ".cache" / "tide",
         description="materialised dummy models (worker/models/registry.py)",
@@ -179,6 +185,10 @@ def child_env(settings: Settings) -> dict[str, str]:
     come from flags rather than from the environment)."""
     env = dict(os.environ)
     env["TIDE_MODEL"] = settings.model
+    if settings.served_models:
+        env["TIDE_SERVED_MODELS"] = json.dumps(settings.served_models)
+    else:
+        env.pop("TIDE_SERVED_MODELS", None)
     env["TIDE_DATA_DIR"] = str(settings.data_dir)
     if settings.redis_url:
         env["REDIS_URL"] = settings.redis_url

@@ -21,13 +21,20 @@ from infra.wire.protocol import Keys
 
 class HeartbeatWriter:
     def __init__(
-        self, client: redis.Redis, settings: Settings, worker_id: str, pool: str, buckets: list[str]
+        self,
+        client: redis.Redis,
+        settings: Settings,
+        worker_id: str,
+        pool: str,
+        buckets: list[str],
+        model: str = "",
     ) -> None:
         self.redis = client
         self.settings = settings
         self.worker_id = worker_id
         self.pool = pool
         self.buckets = buckets
+        self.model = model
         self._last_tokens = (time.monotonic(), 0)
 
     def write(
@@ -50,6 +57,7 @@ class HeartbeatWriter:
         beat = Heartbeat(
             worker_id=self.worker_id,
             pool=self.pool,
+            model=self.model,
             buckets=tuple(self.buckets),
             pid=os.getpid(),
             host=socket.gethostname(),

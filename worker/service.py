@@ -53,7 +53,11 @@ class WorkerService:
         pool: str,
         buckets: list[str],
         worker_id: str | None = None,
+        model: str = "",
+        lane: str = "",
     ) -> None:
+        """`model`: the served name it runs (in its heartbeat); `lane`: that model's part of
+        the queue names ('' for the fleet's default model, infra/wire/models.py)."""
         assert settings.redis_url, "the worker needs REDIS_URL"
         self.engine = engine
         self.settings = settings
@@ -64,7 +68,8 @@ class WorkerService:
         self.redis = redis.Redis.from_url(settings.redis_url)
         self.store = JobStore(self.redis)
         self.taker = queues.Taker(self.redis)
-        self.queue_names = consume_order(buckets)
+        self.model = model
+        self.queue_names = consume_order(buckets, lane)
         self.intake = Intake(self.taker, self.queue_names)
         self.held = Held()
         self.draining = False
@@ -72,7 +77,7 @@ class WorkerService:
         self._drain_deadline = float("inf")
         self._next_refresh = 0.0
         self._next_heartbeat = 0.0
-        self.beats = HeartbeatWriter(self.redis, settings, self.worker_id, pool, buckets)
+        self.beats = HeartbeatWriter(self.redis, settings, self.worker_id, pool, buckets, model)
         self.outage = Outage(self.worker_id)  # starts "down": the first turn connects
         # outputs Redis has not confirmed yet
         self.pending = PendingWrites(LogprobEntries(engine.tokenizer))

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any
 
 from fastapi import APIRouter
-from pydantic import BaseModel
 
 from gateway.capacity import check_capacity
 from gateway.deps import GatewayState, StateDep, TenantDep
@@ -20,6 +19,7 @@ from gateway.errors import ApiError
 from gateway.events import many_job_events
 from gateway.openai_stream import StreamPlan, stream_response
 from gateway.routes.jobs import ERRORS
+from gateway.served import served_catalog
 from gateway.submit import Prepared, prepare, script_call, write_jobs
 from infra.jobs.job_errors import unfinished_job
 from infra.jobs.openai_format import chat_body, completions_body
@@ -28,13 +28,14 @@ from infra.jobs.public import ErrorBody
 from infra.jobs.schemas import ChatCompletionCreate, CompletionCreate
 from infra.jobs.submission import ModelInfo, build_job
 from infra.jobs.tools import ToolRender
+from infra.wire.models import ServedModel
 from infra.wire.protocol import Priority
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 
 SYNC_ERRORS: dict[int | str, dict[str, Any]] = {
     **ERRORS,
-    404: {"model": ErrorBody, "description": "the model is not the one this fleet serves"},
+    404: {"model": ErrorBody, "description": "no model of this fleet goes by that name"},
     409: {"model": ErrorBody, "description": "the job was cancelled meanwhile"},
     500: {"model": ErrorBody, "description": "the job failed inside the fleet (its id named)"},
     503: {"model": ErrorBody, "description": "no worker can take the job; see Retry-After"},
@@ -68,17 +69,21 @@ async def _submit(
     tenant: str,
     plans_of: Callable[[ModelInfo], list[PlannedJob]],
     chars: int,
-) -> list[Prepared]:
-    def build(model: ModelInfo) -> list[Prepared]:
+    requested: str | None,
+) -> tuple[list[Prepared], str]:
+    """The request's jobs, for the model it names; and that model's served name."""
+
+    def build(served: ServedModel, model: ModelInfo) -> list[Prepared]:
         return [
             script_call(build_job(state.settings, model, tenant, plan.body, None,
-                                  extra_fields=plan.fields, tools=plan.tools))
+                                  extra_fields=plan.fields, tools=plan.tools, served=served))
             for plan in plans_of(model)
         ]  # fmt: skip
 
-    jobs = await prepare(state, build, chars)
+    jobs = await prepare(state, build, chars, requested)
     await check_capacity(state, [job for job, _, _ in jobs])
-    return jobs
+    name = jobs[0][0].fields.get("model", state.model_name) if jobs else state.model_name
+    return jobs, str(name)
 
 
 def _include_usage(body: CompletionCreate | ChatCompletionCreate) -> bool:
@@ -88,41 +93,31 @@ def _include_usage(body: CompletionCreate | ChatCompletionCreate) -> bool:
 @router.post("/completions", responses=SYNC_ERRORS)
 async def completions(body: CompletionCreate, state: StateDep, tenant: TenantDep) -> Any:
     def plans(model: ModelInfo) -> list[PlannedJob]:
-        return completion_jobs(body, state.model_name, model, Priority.INTERACTIVE)
+        return completion_jobs(body, served_catalog(state), model, Priority.INTERACTIVE)
 
-    jobs = await _submit(state, tenant, plans, sum(len(p) for p in body.prompts()))
+    chars = sum(len(p) for p in body.prompts())
+    jobs, name = await _submit(state, tenant, plans, chars, body.model)
     ids = [r["id"] for r in await write_jobs(state, tenant, jobs)]
     if body.stream:
         echo = [job.fields["render"]["echo"] for job, _, _ in jobs] if body.echo else []
-        plan = StreamPlan(ids, tenant, body.n, state.model_name, chat=False,
+        plan = StreamPlan(ids, tenant, body.n, name, chat=False,
                           include_usage=_include_usage(body), echo=echo)  # fmt: skip
         return stream_response(state, plan)
-    return completions_body(await _wait(state, tenant, ids), state.model_name)
+    return completions_body(await _wait(state, tenant, ids), name)
 
 
 @router.post("/chat/completions", responses=SYNC_ERRORS)
 async def chat_completions(body: ChatCompletionCreate, state: StateDep, tenant: TenantDep) -> Any:
     def plans(model: ModelInfo) -> list[PlannedJob]:
-        return [chat_job(body, state.model_name, model, Priority.INTERACTIVE)]
+        return [chat_job(body, served_catalog(state), model, Priority.INTERACTIVE)]
 
     chars = sum(len(m.content or "") + 64 for m in body.messages)
-    jobs = await _submit(state, tenant, plans, chars)
+    jobs, name = await _submit(state, tenant, plans, chars, body.model)
     ids = [r["id"] for r in await write_jobs(state, tenant, jobs)]
     if body.stream:
         tools = jobs[0][0].fields.get("render", {}).get("tools")
-        plan = StreamPlan(ids, tenant, body.n, state.model_name, chat=True,
+        plan = StreamPlan(ids, tenant, body.n, name, chat=True,
                           include_usage=_include_usage(body),
                           tools=ToolRender.from_dict(tools) if tools else None)  # fmt: skip
         return stream_response(state, plan)
-    return chat_body((await _wait(state, tenant, ids))[0], state.model_name)
-
-
-class ModelCard(BaseModel):
-    id: str
-    object: Literal["model"] = "model"
-    owned_by: str = "tide"
-
-
-@router.get("/models")
-async def list_models(state: StateDep, tenant: TenantDep) -> dict[str, Any]:
-    return {"object": "list", "data": [ModelCard(id=state.model_name).model_dump()]}
+    return chat_body((await _wait(state, tenant, ids))[0], name)

@@ -15,13 +15,12 @@ from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from gateway.deps import GatewayState, StateDep, TenantDep
-from gateway.errors import ApiError
 from gateway.routes.jobs import ERRORS
+from gateway.served import pick
 from gateway.submit import INLINE_MAX_CHARS, http_error
 from infra.jobs.errors import SubmissionError
 from infra.jobs.fields import NonEmptyText, Text
 from infra.jobs.messages import ChatMessage
-from infra.jobs.openai_request import check_model
 from infra.jobs.request_checks import check_token_ids
 from infra.jobs.submission import ModelInfo, render_chat
 
@@ -54,13 +53,7 @@ class DetokenizeCreate(BaseModel):
 
 
 def _model(state: GatewayState, requested: str | None) -> ModelInfo:
-    if state.model is None:
-        raise ApiError(503, f"tokenizer not loaded: {state.load_error}", code="model_not_loaded")
-    try:
-        check_model(requested, state.model_name)
-    except SubmissionError as e:
-        raise http_error(e) from None
-    return state.model
+    return pick(state, requested)[1]  # the model it names; 404 model_not_found else
 
 
 def _tokenize(model: ModelInfo, body: TokenizeCreate) -> list[int]:

@@ -23,7 +23,11 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "webhook/batch sender, and the controller, which starts and drains worker processes "
         "with the queue and hosts the reaper. Ctrl-C stops it.",
     )
-    up.add_argument("--model", default=None, help="HF folder or dummy:PRESET (default: settings)")
+    up.add_argument(
+        "--model", action="append", default=None,
+        help="HF folder or dummy:PRESET (default: settings); repeat it to serve several "
+        "models, each with its own pool (the first is the default; NAME=PATH names one)",
+    )  # fmt: skip
     up.add_argument("--workers", type=int, default=1, help="fixed pool size (min = max)")
     up.add_argument("--min-workers", type=int, default=None, help="autoscale from this (e.g. 0)")
     up.add_argument("--max-workers", type=int, default=None, help="autoscale up to this")
@@ -45,6 +49,11 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     wk.add_argument("--pool", default="default")
     wk.add_argument("--buckets", default="short,medium,long", help="comma-separated, in order")
     wk.add_argument("--model", default=None, help="HF folder or dummy:PRESET (default: settings)")
+    wk.add_argument(
+        "--served-model", default=None,
+        help="the name clients use for its model (TIDE_SERVED_MODELS); it takes only that "
+        "model's queues (default: the served model with these weights, else the default one)",
+    )  # fmt: skip
     wk.add_argument("--worker-id", default=None, help="default: <pool>-<host>-<pid>")
     add_engine_flags(wk)
     wk.set_defaults(func=cmd_worker)
@@ -79,26 +88,32 @@ def stop_on_signals() -> threading.Event:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
+    from infra.fleet.fleet_config import split_model_spec
     from infra.fleet.local_fleet import LocalFleet
     from infra.settings import Settings
     from worker.models.resolve import resolve_model_path
 
-    overrides = {"model": args.model, "data_dir": args.data_dir}
+    paths = [split_model_spec(m)[1] for m in args.model or []]
+    overrides = {"model": paths[0] if paths else None, "data_dir": args.data_dir}
     settings = Settings(**{k: v for k, v in overrides.items() if v})
-    resolve_model_path(settings.model)  # materialise a dummy model once, before the children
+    for path in paths or [settings.model]:  # materialise dummy models once, before children
+        resolve_model_path(path)
     return LocalFleet(args, settings, worker_argv(args)).run()
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
     from infra.fleet.aws_lifecycle import LifecycleWatcher
     from infra.settings import get_settings
+    from infra.wire.models import catalog
     from worker.engine import LLMEngine
     from worker.service import WorkerService
 
     settings = get_settings()
-    engine = LLMEngine.from_pretrained(args.model or settings.model, **engine_kwargs(args))
+    served = catalog(settings).for_worker(args.served_model, args.model)
+    engine = LLMEngine.from_pretrained(served.path, **engine_kwargs(args))
     buckets = [b.strip() for b in args.buckets.split(",") if b.strip()]
-    service = WorkerService(engine, settings, args.pool, buckets, worker_id=args.worker_id)
+    service = WorkerService(engine, settings, args.pool, buckets, worker_id=args.worker_id,
+                            model=served.name, lane=served.lane)  # fmt: skip
     service.install_signal_handlers()
     watcher = None
     if LifecycleWatcher.enabled(settings):  # on EC2: drain when the ASG terminates us
@@ -137,6 +152,10 @@ def cmd_controller(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if len(fleet.model_keys()) > 1:  # its workers learn the served models
+        settings = settings.model_copy(
+            update={"served_models": fleet.served_models(settings.model)}
+        )
     client = redis.Redis.from_url(settings.redis_url)
     kind = args.actuator or fleet.controller.actuator
     actuator: Any

@@ -1,12 +1,13 @@
 """``tide controller``: scales each worker pool with its queue, down to zero.
 
-Every poll interval it reads the per-bucket backlog (infra/wire/backlog.py) and the workers'
-heartbeats, builds one observation per pool, asks the policy (infra/fleet/autoscale.py) for a
-decision, and hands it to an actuator (infra/fleet/actuator.py: local processes or an AWS Auto
-Scaling group). It never removes a busy worker: it asks the idlest to drain (a Redis key
-the worker checks with its heartbeat) and removes it once it has drained. It also hosts
-the lease reaper and the batch supervisor, logs every decision with its reason, and
-exports its view as metrics (infra/fleet/controller_metrics.py). Torch-free.
+Every poll interval it reads the per-(model, bucket) backlog (infra/wire/backlog.py) and the
+workers' heartbeats, builds one observation per pool (from its own model's backlog), asks
+the policy (infra/fleet/autoscale.py) for a decision, and hands it to an actuator
+(infra/fleet/actuator.py: local processes or an AWS Auto Scaling group). It never removes a
+busy worker: it asks the idlest to drain (a Redis key the worker checks with its heartbeat)
+and removes it once it has drained. It also hosts the lease reaper and the batch supervisor,
+logs every decision with its reason, and exports its view as metrics
+(infra/fleet/controller_metrics.py). Torch-free.
 """
 
 from __future__ import annotations
@@ -33,9 +34,9 @@ from infra.fleet.reaper import run_reaper
 from infra.plan.planner import estimate_pool_tokens_per_s
 from infra.settings import Settings
 from infra.wire import fleet_status
-from infra.wire.backlog import read_backlog
+from infra.wire.backlog import read_lanes
 from infra.wire.heartbeats import Heartbeat, read_heartbeats
-from infra.wire.protocol import BUCKETS, Keys
+from infra.wire.protocol import BUCKETS, Keys, backlog_field
 
 log = logging.getLogger("tide.controller")
 
@@ -68,6 +69,7 @@ class Controller:
         self.r = client or redis.Redis.from_url(settings.redis_url or "")
         self.clock = clock
         self.states = {name: PoolState() for name in fleet.pools}
+        self.lanes = fleet.pool_lanes(settings.model)  # pool -> its model's lane
         self.rates = RateTracker(list(fleet.pools))
         self.estimates = {name: estimated_rate(pool) for name, pool in fleet.pools.items()}
         self.last_decisions: list[Decision] = []
@@ -77,20 +79,26 @@ class Controller:
 
     def observe(self) -> dict[str, PoolObservation]:
         now = self.clock()
-        backlog = read_backlog(self.r, now)
+        lanes = sorted(set(self.lanes.values()))
+        backlogs = read_lanes(self.r, lanes, now)
         beats = self.last_beats = read_heartbeats(self.r)
-        arrivals = self.rates.bucket_rates(now, {b: backlog[b].arrived_tokens for b in BUCKETS})
-        for b, bl in backlog.items():
+        counts = {backlog_field(b, lane): backlogs[lane][b].arrived_tokens
+                  for lane in lanes for b in BUCKETS}  # fmt: skip
+        arrivals = self.rates.bucket_rates(now, counts)
+        for b, bl in backlogs.get("", {}).items():  # the default model's
             m.BACKLOG_TOKENS.labels(b).set(bl.tokens)
             m.QUEUE_JOBS.labels(b).set(bl.jobs)
             m.OLDEST_AGE.labels(b).set(bl.oldest_age_s)
         out = {}
         for name, pool in self.fleet.pools.items():
+            lane = self.lanes[name]
+            backlog = backlogs[lane]
             home = self.fleet.home_buckets(name)
             jobs = sum(backlog[b].jobs for b in home)
             tokens = sum(backlog[b].tokens for b in home)
             oldest = max((backlog[b].oldest_age_s for b in home if backlog[b].jobs), default=0.0)
-            arrival = self.rates.update_arrival(name, now, sum(arrivals.get(b, 0.0) for b in home))
+            now_rate = sum(arrivals.get(backlog_field(b, lane), 0.0) for b in home)
+            arrival = self.rates.update_arrival(name, now, now_rate)
             workers = self._worker_views(pool, beats)
             served = {
                 w: (b.served_work_total, b.is_busy) for w, b in beats.items() if b.pool == name

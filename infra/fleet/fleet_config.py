@@ -20,6 +20,28 @@ Torch-free. Example (the seed's heterogeneous fleet, shipped as ``fleet.example.
 Each bucket has one *home* pool, the pool that lists it earliest in its preference order
 (file order breaks ties): the controller sizes that pool for the bucket's backlog. Other
 pools that list the bucket only help drain it when their own buckets are empty.
+
+Many models: each pool serves one model, named by ``served_name`` (what clients send as
+``model``) with ``aliases``; pools without one serve a single model together, named by its
+path (a pool's ``model``, else the settings'). The pools of one served name form that
+model's fleet, and each model's buckets need a pool
+(home pools are per model). ``default_model`` names the model a request without ``model``
+gets (default: the first pool's). Per model, ``bucket_short_max``/``bucket_medium_max``
+override the settings' thresholds::
+
+    [pools.chat]
+    model = "/models/llama-8b"
+    served_name = "llama-8b"
+    aliases = ["llama"]
+    buckets = ["short", "medium", "long"]
+    min_workers = 0
+
+    [pools.tiny]
+    model = "dummy:tiny"
+    served_name = "tiny"
+    buckets = ["short", "medium", "long"]
+    bucket_short_max = 256
+    min_workers = 0
 """
 
 from __future__ import annotations
@@ -31,6 +53,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from infra.plan.devices import get_device
+from infra.wire.models import ModelCatalog, served
 from infra.wire.protocol import BUCKETS
 
 DEFAULT_FLEET_FILE = "fleet.toml"
@@ -55,6 +78,12 @@ class PoolConfig(BaseModel):
         None, gt=0, description="service rate per worker before measurements exist"
     )
     model: str | None = Field(None, description="model path or s3:// URI (default: settings)")
+    served_name: str | None = Field(
+        None, min_length=1, description="the name clients use (needed for a second model)"
+    )
+    aliases: list[str] = Field(default_factory=list, description="other names clients may use")
+    bucket_short_max: int | None = Field(None, gt=0, description="this model's short bucket")
+    bucket_medium_max: int | None = Field(None, gt=0, description="this model's medium bucket")
     worker_args: list[str] = Field(default_factory=list, description="extra `tide worker` flags")
     # AWS only.
     spot: bool = Field(False, description="capacity-optimized spot through a mixed policy")
@@ -122,6 +151,9 @@ class FleetConfig(BaseModel):
     controller: ControllerConfig = Field(default_factory=ControllerConfig)  # type: ignore[arg-type]
     aws: AwsConfig = Field(default_factory=AwsConfig)  # type: ignore[arg-type]
     pools: dict[str, PoolConfig]
+    default_model: str | None = Field(
+        None, description="served name of the model for requests without one (default: first)"
+    )
 
     @model_validator(mode="after")
     def _names_and_coverage(self) -> FleetConfig:
@@ -131,22 +163,82 @@ class FleetConfig(BaseModel):
             if not name.replace("-", "").replace("_", "").isalnum():
                 raise ValueError(f"pools.{name}: names are letters, digits, '-' and '_'")
             pool.name = name
-        served = {b for p in self.pools.values() for b in p.buckets}
-        missing = [b for b in BUCKETS if b not in served]
-        if missing:
-            raise ValueError(f"no pool serves bucket(s) {', '.join(missing)}")
+        paths: dict[str, str | None] = {}
+        for pool in self.pools.values():
+            key = model_key(pool)
+            if paths.setdefault(key, pool.model) != pool.model and key:
+                raise ValueError(
+                    f"pools.{pool.name}: served name {key!r} is another pool's model too "
+                    f"({paths[key]!r}, not {pool.model!r})"
+                )
+        if self.default_model is not None and self.default_model not in paths:
+            raise ValueError(f"default_model {self.default_model!r} is no pool's served name")
+        for key in self.model_keys():
+            served = {b for p in self.pools.values() if model_key(p) == key for b in p.buckets}
+            missing = [b for b in BUCKETS if b not in served]
+            if missing:
+                of = f" of model {key!r}" if len(paths) > 1 else ""
+                raise ValueError(f"no pool{of} serves bucket(s) {', '.join(missing)}")
         return self
 
-    def home_pool(self, bucket: str) -> PoolConfig:
-        """The pool sized for this bucket's backlog: the one preferring it most."""
+    def model_keys(self) -> list[str]:
+        """The served models, by pool name key (see model_key), the default first."""
+        keys = list(dict.fromkeys(model_key(p) for p in self.pools.values()))
+        if self.default_model is not None:
+            keys.remove(self.default_model)
+            keys.insert(0, self.default_model)
+        return keys
+
+    def home_pool(self, bucket: str, model: str | None = None) -> PoolConfig:
+        """The pool sized for this bucket's backlog of `model` (a model_key; None: the
+        default model): the one preferring it most."""
+        key = self.model_keys()[0] if model is None else model
         best = min(
-            (p for p in self.pools.values() if bucket in p.buckets),
+            (p for p in self.pools.values() if bucket in p.buckets and model_key(p) == key),
             key=lambda p: p.buckets.index(bucket),
         )
         return best
 
     def home_buckets(self, pool: str) -> list[str]:
-        return [b for b in BUCKETS if self.home_pool(b).name == pool]
+        key = model_key(self.pools[pool])
+        return [b for b in BUCKETS if self.home_pool(b, key).name == pool]
+
+    def served_models(self, default_path: str) -> list[dict[str, Any]]:
+        """TIDE_SERVED_MODELS for this fleet (infra/wire/models.py), the default first; a
+        pool naming no model serves `default_path` (the settings' model)."""
+        out = []
+        for key in self.model_keys():
+            pools = [p for p in self.pools.values() if model_key(p) == key]
+            path = next((p.model for p in pools if p.model), default_path)
+            out.append({
+                "name": key or path, "model": path,
+                "aliases": list(dict.fromkeys(a for p in pools for a in p.aliases)),
+                "bucket_short_max": next((p.bucket_short_max for p in pools
+                                          if p.bucket_short_max), None),
+                "bucket_medium_max": next((p.bucket_medium_max for p in pools
+                                           if p.bucket_medium_max), None),
+            })  # fmt: skip
+        return out
+
+    def catalog(self, default_path: str) -> ModelCatalog:
+        return served(self.served_models(default_path), default_path)
+
+    def pool_lanes(self, default_path: str) -> dict[str, str]:
+        """pool -> the lane of its model's queues and backlog ('' for the default model)."""
+        cat = self.catalog(default_path)
+        out = {}
+        for name, pool in self.pools.items():
+            m = cat.resolve(model_key(pool) or default_path)
+            assert m is not None
+            out[name] = m.lane
+        return out
+
+
+def model_key(pool: PoolConfig) -> str:
+    """The served name a pool's model goes by; '' for a pool without one: those serve one
+    model together, named by its path (a pool's `model`, else the settings'), as pools
+    did before a fleet served many models."""
+    return pool.served_name or ""
 
 
 def parse_fleet(data: dict[str, Any], source: str = "fleet config") -> FleetConfig:
@@ -170,21 +262,39 @@ def load_fleet(path: str | Path) -> FleetConfig:
     return parse_fleet(data, str(p))
 
 
-def local_default_fleet(min_workers: int = 1, max_workers: int | None = None) -> FleetConfig:
+def local_default_fleet(
+    min_workers: int = 1, max_workers: int | None = None, models: list[str] | None = None
+) -> FleetConfig:
     """What `tide up` runs without a fleet file: one CPU pool serving every bucket
-    (min = max unless max_workers is given); bad sizes raise ValueError naming them."""
+    (min = max unless max_workers is given); bad sizes raise ValueError naming them. With
+    two or more `models` (``PATH`` or ``NAME=PATH``, the first the default), one such pool
+    per model, named after it."""
+    pool = {
+        "buckets": list(BUCKETS),
+        "device": "cpu",
+        "min_workers": min_workers,
+        "max_workers": max(min_workers, 1) if max_workers is None else max_workers,
+        "idle_s": 60.0,
+        "cold_start_s": 5.0,
+    }
+    pools: dict[str, dict[str, Any]] = {"default": pool}
+    if models is not None and len(models) > 1:
+        pools = {}
+        for spec in models:
+            name, path = split_model_spec(spec)
+            key = "".join(c if c.isalnum() or c in "-_" else "-" for c in name)[-40:].strip("-")
+            while not key or key in pools:
+                key = f"{key or 'model'}-{len(pools) + 1}"
+            pools[key] = {**pool, "model": path, "served_name": name}
     return parse_fleet(
         {
             "controller": {"poll_interval_s": 1.0, "scale_in_cooldown_s": 10.0},
-            "pools": {
-                "default": {
-                    "buckets": list(BUCKETS),
-                    "device": "cpu",
-                    "min_workers": min_workers,
-                    "max_workers": max(min_workers, 1) if max_workers is None else max_workers,
-                    "idle_s": 60.0,
-                    "cold_start_s": 5.0,
-                }
-            },
+            "pools": pools,
         }
     )
+
+
+def split_model_spec(spec: str) -> tuple[str, str]:
+    """`tide up --model`: ``NAME=PATH`` (the name clients use) or ``PATH`` (its own name)."""
+    name, sep, path = spec.partition("=")
+    return (name, path) if sep and name and path else (spec, spec)

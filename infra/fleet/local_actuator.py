@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from infra.fleet.actuator import ActuatedWorker
-from infra.fleet.fleet_config import FleetConfig, PoolConfig
+from infra.fleet.fleet_config import FleetConfig, PoolConfig, model_key
 from infra.fleet.gpus import VISIBLE, visible_gpus
 from infra.fleet.supervisor import spawn
 from infra.settings import child_env, get_settings
@@ -110,6 +110,9 @@ class LocalActuator:
         ]  # fmt: skip
         if pool.model:
             argv += ["--model", pool.model]
+        if len(self.fleet.model_keys()) > 1:  # many models: each worker takes its model's
+            default = self.env.get("TIDE_MODEL") or get_settings().model
+            argv += ["--served-model", model_key(pool) or default]
         log_file = Path(self.log_dir) / f"{worker_id}.log" if self.log_dir else None
         proc = spawn(argv, env=env, log_file=log_file)
         self.procs[pool.name][worker_id] = _Proc(worker_id, proc, time.time(), gpu=gpu)

@@ -60,6 +60,12 @@ class LocalFleet:
                 self.settings = settings
             # The reaper and batch supervisor run in this process: they, and the Celery tasks
             # they send, use this fleet's settings; the children get them in their env.
+            fleet = self._fleet_config()
+            if len(fleet.model_keys()) > 1:  # every process learns the served models
+                settings = settings.model_copy(
+                    update={"served_models": fleet.served_models(settings.model)}
+                )
+                self.settings = settings
             use_settings(settings)
             use_broker(settings.redis_url)
             env = child_env(settings)
@@ -69,7 +75,6 @@ class LocalFleet:
             sup.add("gateway", self._spawner(gateway, env))
             sup.add("webhooks", self._spawner(celery_argv(), env))
             # The controller (it hosts the reaper and batch supervisor) scales the workers.
-            fleet = self._fleet_config()
             self.actuator = LocalActuator(fleet, env=env, worker_argv=self.worker_argv)
             self.controller = Controller(fleet, settings, self.actuator)
             # Metrics on a free port, advertised in Redis for tide doctor.
@@ -97,13 +102,14 @@ class LocalFleet:
         try:
             if a.fleet:
                 return load_fleet(a.fleet)
+            models = a.model if len(a.model or []) > 1 else None
             if a.min_workers is None and a.max_workers is None:
-                return local_default_fleet(a.workers)
+                return local_default_fleet(a.workers, models=models)
             low = a.min_workers if a.min_workers is not None else 0
             high = a.max_workers if a.max_workers is not None else max(a.workers, 1)
             if high < 1:
                 raise ValueError(f"--max-workers must be at least 1, got {high}")
-            return local_default_fleet(low, high)
+            return local_default_fleet(low, high, models=models)
         except ValueError as e:  # names the field and the limit
             raise SystemExit(f"tide up: {e}") from None
 
@@ -113,8 +119,10 @@ class LocalFleet:
             f"{p.name} {p.min_workers}-{p.max_workers} on {'/'.join(p.buckets)}"
             for p in self.controller.fleet.pools.values()
         )
+        names = [m["name"] for m in settings.served_models] or [model]
+        on = names[0] if len(names) == 1 else f"{', '.join(names)} (default {names[0]})"
         lines = [
-            f"Tide is up on {model}: worker pools {pools} (scaled by the controller)",
+            f"Tide is up on {on}: worker pools {pools} (scaled by the controller)",
             f"  gateway  {url}   (API docs: {url}/docs, metrics: {url}/metrics)",
             f"  console  {url}/console",
             f"  redis    {settings.redis_url}" + ("   (embedded, AOF)" if self.redis else ""),

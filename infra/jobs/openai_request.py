@@ -17,6 +17,7 @@ from infra.jobs.messages import NamedToolChoice
 from infra.jobs.request_checks import check_structured
 from infra.jobs.schemas import ChatCompletionCreate, CompletionCreate, JobCreate, OpenAIFields
 from infra.jobs.submission import ModelInfo
+from infra.wire.models import ModelCatalog
 from infra.wire.protocol import Priority
 
 MAX_CHOICES = 128  # prompts x n in one request
@@ -30,15 +31,22 @@ class PlannedJob:
     tools: list[dict[str, Any]] | None = None  # OpenAI's form, for the chat template
 
 
-def check_model(requested: str | None, served: str) -> None:
-    if requested is not None and requested != served:
+def check_model(requested: str | None, served: str | ModelCatalog) -> None:
+    """404 model_not_found unless `requested` (None: the default) is a served model's name
+    or alias (`served`: the catalog, or the one name a one-model fleet serves)."""
+    names = [served] if isinstance(served, str) else served.names()
+    known = requested is None or (
+        requested == served if isinstance(served, str) else served.resolve(requested) is not None
+    )
+    if not known:
+        listed = ", ".join(repr(n) for n in names)
         raise SubmissionError(
-            404, f"model: {requested!r} is not served here; this fleet serves {served!r}",
+            404, f"model: {requested!r} is not served here; this fleet serves {listed}",
             param="model", code="model_not_found",
         )  # fmt: skip
 
 
-def _common(req: OpenAIFields, served: str) -> dict[str, Any]:
+def _common(req: OpenAIFields, served: str | ModelCatalog) -> dict[str, Any]:
     """Checks every OpenAI body needs; the record fields it asks to keep."""
     check_model(req.model, served)
     if req.stream_options is not None and not req.stream:
@@ -50,7 +58,7 @@ def _common(req: OpenAIFields, served: str) -> dict[str, Any]:
 
 
 def completion_jobs(
-    req: CompletionCreate, served: str, info: ModelInfo, priority: Priority
+    req: CompletionCreate, served: str | ModelCatalog, info: ModelInfo, priority: Priority
 ) -> list[PlannedJob]:
     recorded = _common(req, served)
     prompts = req.prompts()
@@ -112,7 +120,7 @@ def _tool_plan(req: ChatCompletionCreate, info: ModelInfo) -> tuple[Any, Any]:
 
 
 def chat_job(
-    req: ChatCompletionCreate, served: str, info: ModelInfo, priority: Priority
+    req: ChatCompletionCreate, served: str | ModelCatalog, info: ModelInfo, priority: Priority
 ) -> PlannedJob:
     fields = _common(req, served)
     given = req.model_fields_set

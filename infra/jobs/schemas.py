@@ -80,6 +80,7 @@ class JobCreate(SamplingFields):
     priority: Priority = Priority.INTERACTIVE
     webhook: WebhookSpec | None = None
     metadata: Metadata | None = Field(None, max_length=METADATA_MAX_KEYS, description=METADATA_DOC)
+    model: Text | None = Field(None, description="a served model's name (default: the fleet's)")
 
     @field_validator("structured")
     @classmethod

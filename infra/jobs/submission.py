@@ -22,7 +22,15 @@ from infra.jobs.schemas import JobCreate
 from infra.settings import Settings
 from infra.wire import queues
 from infra.wire.jobstore import NewJob, new_job_id
-from infra.wire.protocol import JobMessage, JobStatus, Priority, bucket_for, queue_name
+from infra.wire.models import ServedModel
+from infra.wire.protocol import (
+    JobMessage,
+    JobStatus,
+    Priority,
+    backlog_field,
+    bucket_for,
+    queue_name,
+)
 from worker.models.config import ModelConfig
 from worker.models.registry import model_folder
 from worker.models.tokenizer import Tokenizer
@@ -126,9 +134,12 @@ def build_job(
     priority: Priority | None = None,
     extra_fields: dict[str, Any] | None = None,
     tools: list[dict[str, Any]] | None = None,
+    served: ServedModel | None = None,
 ) -> NewJob:
     """Everything the create script writes; raises SubmissionError for bad sizes. `tools`
-    (OpenAI's form) go to the chat template with the messages."""
+    (OpenAI's form) go to the chat template with the messages. `served`: the model it is
+    for (its bucket rules, queues and backlog; the record names it); None: the default
+    model of a one-model fleet, as always."""
     if idempotency_key is not None:
         check_idempotency_key(idempotency_key)
     check_sampling(body, info.config.vocab_size)
@@ -153,8 +164,12 @@ def build_job(
         )  # fmt: skip
     prio = priority or body.priority
     total = len(ids) + body.max_tokens
-    bucket = bucket_for(total, settings.bucket_short_max, settings.bucket_medium_max)
-    queue = queue_name(bucket, prio)
+    if served is None:
+        bucket = bucket_for(total, settings.bucket_short_max, settings.bucket_medium_max)
+    else:
+        bucket = served.bucket(total, settings)
+    lane = served.lane if served is not None else ""
+    queue = queue_name(bucket, prio, lane)
     job_id = new_job_id()
     message = queues.encode(
         JobMessage(job_id, bucket, prio.value, len(ids), body.n * body.max_tokens), queue
@@ -176,6 +191,8 @@ def build_job(
         "created_at": now,
         "queued_at": now,
         "attempts": 0,
+        **({"model": served.name} if served is not None else {}),
+        **({"backlog": backlog_field(bucket, lane)} if lane else {}),
         **(extra_fields or {}),
     }
     return NewJob(

@@ -29,6 +29,7 @@ class Heartbeat:
 
     worker_id: str = ""
     pool: str = ""
+    model: str = ""  # the served name of the model it runs ('' from an older worker)
     buckets: tuple[str, ...] = ()
     pid: int = 0
     host: str = ""
@@ -54,6 +55,8 @@ class Heartbeat:
         repr, draining 1/0, idle_since "" while busy; buckets comma-separated."""
         out = {f.name: encode_value(getattr(self, f.name)) for f in fields(self)}
         out["buckets"] = ",".join(self.buckets)
+        if not self.model:  # a one-model fleet's worker writes the hash it always wrote
+            del out["model"]
         return out
 
     @classmethod
@@ -64,6 +67,7 @@ class Heartbeat:
         return cls(
             worker_id=f.get("worker_id", worker_id),
             pool=f.get("pool", ""),
+            model=f.get("model", ""),
             buckets=tuple(b for b in f.get("buckets", "").split(",") if b),
             pid=int(f.get("pid", 0)),
             host=f.get("host", ""),

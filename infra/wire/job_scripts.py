@@ -10,14 +10,22 @@ worker killed while only holding the job, or a poison job killing it in its firs
 from __future__ import annotations
 
 # Shared by the scripts below. Backlog accounting: a queued job is a member of the zset
-# tide:backlog:<bucket> (score: created_at) and its prompt + n × max tokens (n choices share
+# tide:backlog:<field> (score: created_at) and its prompt + n × max tokens (n choices share
 # the prompt) are in the hash tide:backlog_tokens; the two change together, only when
-# membership changes.
+# membership changes. The field is the record's `backlog` (protocol.backlog_field: the
+# bucket for the default model, <lane>:<bucket> for another), else its bucket.
 PRELUDE = """
+local function backlog_field(jobkey)
+  local f = redis.call('HMGET', jobkey, 'backlog', 'bucket')
+  if f[1] and f[1] ~= '' then return f[1] end
+  return f[2]
+end
+
 local function backlog(jobkey, job_id, add)
   local f = redis.call('HMGET', jobkey, 'bucket', 'prompt_tokens', 'max_tokens', 'created_at',
                        'n')
   if not f[1] then return end
+  f[1] = backlog_field(jobkey)
   local z = 'tide:backlog:' .. f[1]
   local tokens = tonumber(f[2] or '0') + tonumber(f[3] or '0') * tonumber(f[5] or '1')
   if add then
@@ -94,7 +102,7 @@ if not own[1] or own[1] == '' then
   redis.call('EXPIRE', KEYS[7], ARGV[4])
 end
 local tokens = backlog(KEYS[1], ARGV[2], true)
-local bucket = redis.call('HGET', KEYS[1], 'bucket')
+local bucket = backlog_field(KEYS[1])
 redis.call('HINCRBY', 'tide:arrived_tokens', bucket, tokens)
 redis.call('HINCRBY', 'tide:arrived_jobs', bucket, 1)
 redis.call('LPUSH', KEYS[4], ARGV[7])

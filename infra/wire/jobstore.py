@@ -21,7 +21,7 @@ import redis
 
 from infra.wire import job_scripts as lua
 from infra.wire.codec import decode_hash, encode_value
-from infra.wire.protocol import BUCKETS, JobStatus, Keys, Priority, queue_name
+from infra.wire.protocol import BUCKETS, JobStatus, Keys, parse_queue
 from infra.wire.queues import UNACKED, UNACKED_INDEX
 
 # A job lost this many times max_attempts before it ever started fails: a poison job can
@@ -228,7 +228,8 @@ class JobStore:
         worker took them (a bucket nobody serves), so a pool can still scale to zero."""
         now = time.time() if now is None else now
         dropped = []
-        for b in BUCKETS:
+        known = {k.decode() for k in self.r.hkeys(Keys.backlog_tokens)}
+        for b in [*BUCKETS, *sorted(known - set(BUCKETS))]:  # every model's (model, bucket)
             key = Keys.backlog(b)
             for raw in self.r.zrangebyscore(key, "-inf", now - job_ttl):
                 job_id = raw.decode()
@@ -243,14 +244,13 @@ class JobStore:
         between the take and the acquire): the job is still queued, its message sits in
         kombu's unacked set. Copies of started jobs are left alone (acquire skips them)."""
         now = time.time() if now is None else now
-        job_queues = {queue_name(b, p) for b in BUCKETS for p in Priority}
         restored = []
         for tag in self.r.zrangebyscore(UNACKED_INDEX, "-inf", now - older_than):
             raw = self.r.hget(UNACKED, tag)
             if raw is None:
                 continue
             envelope, _exchange, routing_key = json.loads(raw)
-            if routing_key not in job_queues:
+            if parse_queue(routing_key) is None:
                 continue  # a Celery task, not a job
             body = json.loads(base64.b64decode(envelope["body"]))
             job_id = body.get("job_id", "")

@@ -43,13 +43,44 @@ def bucket_for(total_tokens: int, short_max: int, medium_max: int) -> str:
     return "long"
 
 
-def queue_name(bucket: str, priority: Priority | str) -> str:
-    return f"tide.{bucket}.{Priority(priority).value}"
+# A lane is a served model's name in its queue and backlog names: '' for the fleet's
+# default model (the names a one-model fleet always had), its served name for the others
+# (infra/wire/models.py). Names parse from the right, so a lane may hold dots.
+LANE_MAX_CHARS = 128
 
 
-def consume_order(buckets: list[str]) -> list[str]:
+def check_lane(lane: str) -> str:
+    if not lane or len(lane) > LANE_MAX_CHARS or any(c.isspace() for c in lane):
+        raise ValueError(f"model name {lane!r}: 1 to {LANE_MAX_CHARS} characters, no spaces")
+    return lane
+
+
+def queue_name(bucket: str, priority: Priority | str, lane: str = "") -> str:
+    """tide.<bucket>.<priority> for the default model, tide.<lane>.<bucket>.<priority> else."""
+    middle = f"{lane}.{bucket}" if lane else bucket
+    return f"tide.{middle}.{Priority(priority).value}"
+
+
+def parse_queue(name: str) -> tuple[str, str, str] | None:
+    """(lane, bucket, priority) of a job queue's name; None for any other queue (Celery's)."""
+    if not name.startswith("tide."):
+        return None
+    parts = name[len("tide.") :].rsplit(".", 2)
+    lane = parts[0] if len(parts) == 3 else ""
+    bucket, priority = parts[-2:] if len(parts) >= 2 else ("", "")
+    if bucket not in BUCKETS or priority not in {p.value for p in Priority}:
+        return None
+    return lane, bucket, priority
+
+
+def consume_order(buckets: list[str], lane: str = "") -> list[str]:
     """Queues a worker polls: its buckets in preference order, interactive before batch."""
-    return [queue_name(b, p) for p in Priority for b in buckets]
+    return [queue_name(b, p, lane) for p in Priority for b in buckets]
+
+
+def backlog_field(bucket: str, lane: str = "") -> str:
+    """A (model, bucket)'s name in the backlog keys: the bucket, or <lane>:<bucket>."""
+    return f"{lane}:{bucket}" if lane else bucket
 
 
 class Keys:
@@ -125,13 +156,16 @@ class Keys:
         return f"tide:tenant:{tenant}:batches"  # zset batch_id -> created_at
 
     @staticmethod
-    def backlog(bucket: str) -> str:
-        """Zset of queued job ids (score: created_at); see infra/wire/backlog.py."""
-        return f"tide:backlog:{bucket}"
+    def backlog(field: str) -> str:
+        """Zset of queued job ids (score: created_at) of one `backlog_field` (a bucket of
+        the default model, or <lane>:<bucket>); see infra/wire/backlog.py."""
+        return f"tide:backlog:{field}"
 
-    backlog_tokens = "tide:backlog_tokens"  # hash bucket -> prompt + max tokens of queued jobs
-    arrived_tokens = "tide:arrived_tokens"  # hash bucket -> tokens ever enqueued (a counter)
-    arrived_jobs = "tide:arrived_jobs"  # hash bucket -> jobs ever enqueued (a counter)
+    # Hashes keyed by backlog_field: prompt + max tokens of queued jobs; tokens and jobs
+    # ever enqueued (counters).
+    backlog_tokens = "tide:backlog_tokens"
+    arrived_tokens = "tide:arrived_tokens"
+    arrived_jobs = "tide:arrived_jobs"
     controller = "tide:controller"  # hash: the controller's metrics_url, last decision time
     controller_pools = "tide:controller:pools"  # hash pool -> its last decision (fleet_status.py)
     controller_decisions = "tide:controller:decisions"  # list: recent changes, newest first

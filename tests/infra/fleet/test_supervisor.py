@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from infra.fleet import supervisor as sv
 from infra.fleet.supervisor import Supervisor, ThreadProc
@@ -95,12 +96,25 @@ def test_a_child_does_not_outlive_a_parent_killed_with_9():
     parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     assert parent.stdout is not None
     child = int(parent.stdout.readline())
+    # setpriv sets the parent-death signal and then execs the command: kill the parent only
+    # once `sleep` runs (before that, under load, the signal may not be armed yet).
+    deadline = time.monotonic() + 10
+    while _cmdline(child)[:1] != ["sleep"] and time.monotonic() < deadline:
+        time.sleep(0.01)
     parent.kill()
     parent.wait()
     deadline = time.monotonic() + 5
     while _alive(child) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not _alive(child), "the child outlived its parent"
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return [Path(a.decode()).name for a in f.read().split(b"\0") if a]
+    except FileNotFoundError:
+        return []
 
 
 def _alive(pid: int) -> bool:

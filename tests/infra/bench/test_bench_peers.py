@@ -1,0 +1,41 @@
+"""scripts/bench_peers.py's pieces cannot rot: the workloads' shapes, and Tide's runner on a
+tiny model (the vLLM peer needs `make bench-peers` and is not run here)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from tests.conftest import ROOT
+
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from bench_peers import make_workload
+
+
+def test_the_three_workloads_have_the_issue_s_shapes():
+    long = make_workload("long", 0, 4096)
+    assert len(long) == 64 and {len(p) for p, _ in long} == {2000} and {o for _, o in long} == {64}
+    shared = make_workload("shared", 0, 4096)
+    assert len(shared) == 64 and {o for _, o in shared} == {64}
+    assert len({tuple(p[:1024]) for p, _ in shared}) == 1  # one system prompt
+    assert len({tuple(p[1024:]) for p, _ in shared}) > 1
+    assert len(make_workload("mixed", 0, 4096)) == 200
+
+
+def test_tide_runner_reports_tokens_ttft_and_splits(tmp_path, tiny_path):
+    work = tmp_path / "work.json"
+    work.write_text(json.dumps([[[1, 5, 6, 7], 5], [[1, 8, 9], 3]]))
+    script = str(ROOT / "scripts" / "bench_peers_tide.py")
+    for extra in ([], ["--profile"]):
+        out = subprocess.run(
+            [sys.executable, script, "--model", str(tiny_path), "--workload", str(work), *extra],
+            capture_output=True, text=True, check=True, timeout=300,
+        ).stdout  # fmt: skip
+        result = json.loads(out.splitlines()[-1])
+        if extra:
+            assert abs(sum(result["ops"].values()) - 1) < 1e-6 or sum(result["ops"].values()) > 1
+        else:
+            assert result["tokens"] == 8 and result["ttft_p50_s"] > 0
+            assert abs(sum(result["step_split"].values()) - 1) < 1e-6
