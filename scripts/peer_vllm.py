@@ -18,15 +18,13 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import time
+from pathlib import Path
 
-
-def percentile(xs: list[float], q: float) -> float:
-    s = sorted(xs)
-    k = (len(s) - 1) * q / 100
-    lo = int(k)
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+# Only infra.stats (standard library alone) from Tide: this runs in the peers' virtualenv.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from infra.stats import percentile
 
 
 def ttft_of(out: object) -> float | None:
