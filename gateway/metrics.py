@@ -1,9 +1,10 @@
 """Gateway metrics (prometheus-client): requests, latency, rejections by reason, backlog.
 
-The backlog per bucket (queued jobs, their tokens, the oldest one's age, arrivals so far)
-is read from Redis when /metrics is scraped (gateway/routes/health.py), so it is as fresh
-as the scrape. A process collector exposes the gateway's CPU time: `tide doctor` flags a
-gateway that spends a whole core (tokenising) as the bottleneck.
+The backlog per served model and bucket (queued jobs, their tokens, the oldest one's age,
+arrivals so far) is read from Redis when /metrics is scraped (gateway/routes/health.py), so
+it is as fresh as the scrape; its series carry `model` (the served name) and `bucket`. A
+process collector exposes the gateway's CPU time: `tide doctor` flags a gateway that
+spends a whole core (tokenising) as the bottleneck.
 """
 
 from __future__ import annotations
@@ -48,30 +49,32 @@ class BacklogCollector(Collector):
     """Exposes the last backlog reading; the /metrics route refreshes it before each scrape."""
 
     def __init__(self) -> None:
-        self.latest: dict[str, BucketBacklog] = {}
+        self.latest: dict[str, dict[str, BucketBacklog]] = {}  # model -> bucket -> backlog
 
     def collect(self) -> Iterator[Metric]:
-        families = {
+        labels = ["model", "bucket"]
+        families: dict[str, GaugeMetricFamily | CounterMetricFamily] = {
             "jobs": GaugeMetricFamily(
-                "tide:backlog_jobs", "queued jobs per bucket", labels=["bucket"]
+                "tide:backlog_jobs", "queued jobs per model and bucket", labels=labels
             ),
             "tokens": GaugeMetricFamily(
-                "tide:backlog_tokens", "prompt + max tokens of queued jobs", labels=["bucket"]
+                "tide:backlog_tokens", "prompt + max tokens of queued jobs", labels=labels
             ),
             "oldest_age_s": GaugeMetricFamily(
                 "tide:backlog_oldest_job_age_seconds", "age of the oldest queued job",
-                labels=["bucket"],
+                labels=labels,
             ),
             "arrived_jobs": CounterMetricFamily(
-                "tide:arrived_jobs", "jobs ever enqueued per bucket", labels=["bucket"]
+                "tide:arrived_jobs", "jobs ever enqueued per model and bucket", labels=labels
             ),
             "arrived_tokens": CounterMetricFamily(
-                "tide:arrived_tokens", "prompt + max tokens ever enqueued", labels=["bucket"]
+                "tide:arrived_tokens", "prompt + max tokens ever enqueued", labels=labels
             ),
         }  # fmt: skip
-        for bucket, backlog in self.latest.items():
-            for field, family in families.items():
-                family.add_metric([bucket], float(getattr(backlog, field)))
+        for model, buckets in self.latest.items():
+            for bucket, backlog in buckets.items():
+                for field, family in families.items():
+                    family.add_metric([model, bucket], float(getattr(backlog, field)))
         yield from families.values()
 
 

@@ -3,8 +3,10 @@ and ``tide bench`` (the requests to send). One reader for both formats; errors n
 file, the line and the field.
 
 - A job trace (``tide simulate --trace``): ``{"arrival_s", "prompt_tokens", "max_tokens",
-  "output_tokens"?, "id"?}``; output_tokens (what the job really generates) defaults to
-  max_tokens and may not exceed it; id is ignored.
+  "output_tokens"?, "model"?, "id"?}``; output_tokens (what the job really generates)
+  defaults to max_tokens and may not exceed it; model is the served name (or alias) a
+  client would send, absent for the fleet's default model (the simulator resolves it);
+  id is ignored.
 - A request trace (``tide bench --trace``): ``{"prompt" | "prompt_len", "max_tokens",
   "offset"?}``; offset (seconds after the start) on every line or on none.
 """
@@ -13,13 +15,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
 from infra.jsonl import iter_objects
 
-JOB_TRACE_FIELDS = frozenset({"arrival_s", "prompt_tokens", "max_tokens", "output_tokens", "id"})
+JOB_TRACE_FIELDS = frozenset(
+    {"arrival_s", "prompt_tokens", "max_tokens", "output_tokens", "model", "id"}
+)
 REQUEST_TRACE_FIELDS = frozenset({"prompt", "prompt_len", "max_tokens", "offset"})
 
 Row = TypeVar("Row")
@@ -35,6 +39,8 @@ class JobRow:
     prompt_tokens: int
     max_tokens: int
     output_tokens: int
+    model: str | None = None  # as the trace names it; None: the fleet's default model
+    line: int = field(default=0, compare=False)  # in the file, for errors that name it
 
 
 @dataclass
@@ -64,10 +70,10 @@ def read_request_trace(path: str | Path) -> list[RequestRow]:
 
 
 def _read(
-    path: str | Path, fields: frozenset[str], parse: Callable[[dict[str, Any], str], Row]
+    path: str | Path, fields: frozenset[str], parse: Callable[[dict[str, Any], int, str], Row]
 ) -> list[Row]:
     try:
-        return [parse(item, f"{path}:{n}") for n, item in iter_objects(path, fields)]
+        return [parse(item, n, f"{path}:{n}") for n, item in iter_objects(path, fields)]
     except TraceError:
         raise
     except ValueError as e:  # the JSONL reader's: not JSON, not an object, unknown field
@@ -82,7 +88,7 @@ def _is_seconds(v: Any) -> bool:
     return not isinstance(v, bool) and isinstance(v, int | float) and 0 <= v < math.inf
 
 
-def _job_row(item: dict[str, Any], where: str) -> JobRow:
+def _job_row(item: dict[str, Any], line: int, where: str) -> JobRow:
     t: Any = item.get("arrival_s")
     if not _is_seconds(t):
         raise TraceError(f"{where}: field arrival_s must be a number >= 0, got {t!r}")
@@ -97,10 +103,18 @@ def _job_row(item: dict[str, Any], where: str) -> JobRow:
             f"{where}: field output_tokens ({counts['output_tokens']}) exceeds max_tokens "
             f"({counts['max_tokens']})"
         )
-    return JobRow(float(t), **counts)
+    model: Any = item.get("model")
+    if "model" in item and not _is_name(model):
+        raise TraceError(f"{where}: field model must be a model name (a string, no spaces), got "
+                         f"{model!r}")  # fmt: skip
+    return JobRow(float(t), **counts, model=model, line=line)
 
 
-def _request_row(item: dict[str, Any], where: str) -> RequestRow:
+def _is_name(v: Any) -> bool:
+    return isinstance(v, str) and bool(v) and not any(c.isspace() for c in v)
+
+
+def _request_row(item: dict[str, Any], line: int, where: str) -> RequestRow:
     if ("prompt" in item) == ("prompt_len" in item):
         raise TraceError(f"{where}: give exactly one of prompt or prompt_len")
     if "prompt" in item and (not isinstance(item["prompt"], str) or not item["prompt"]):

@@ -11,6 +11,7 @@ tokenizer: stories260K when ../shared has it, else dummy:tiny), then
 Traffic stays on loopback and is bounded in count and time. Last line: one JSON object.
 
     python scripts/bench_gateway.py --rate 1000 --requests 5000
+    python scripts/bench_gateway.py --model s=../shared/models/stories260K --model t=dummy:tiny
 """
 
 from __future__ import annotations
@@ -33,17 +34,28 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from infra.bench.open_loop import post_open_loop  # noqa: E402
+from infra.fleet.fleet_config import split_model_spec  # noqa: E402
 from infra.fleet.local_fleet import wait_ready  # noqa: E402
 from infra.fleet.redis_server import EmbeddedRedis, free_port  # noqa: E402
 from infra.stats import percentile  # noqa: E402
+from worker.models.resolve import resolve_model_path  # noqa: E402
 
 STORIES = ROOT.parent / "shared/models/stories260K"
 
 
-async def open_loop(url: str, rate: float, n: int, concurrency: int, warmup: int = 0) -> dict:
-    """Open-loop job submissions (infra/bench/open_loop.py's minimal client)."""
+async def open_loop(
+    url: str,
+    rate: float,
+    n: int,
+    concurrency: int,
+    warmup: int = 0,
+    models: list[str] | None = None,
+) -> dict:
+    """Open-loop job submissions (infra/bench/open_loop.py's minimal client); with `models`,
+    the jobs name each served model in turn."""
     body = {"prompt": "Once upon a time, there was a little girl named Lily.", "max_tokens": 32}
-    r = await post_open_loop(url, "/v1/jobs", body, rate, n, concurrency, warmup)
+    bodies = [{**body, "model": m} for m in models] if models else [body]
+    r = await post_open_loop(url, "/v1/jobs", bodies, rate, n, concurrency, warmup)
     return {
         "offered_rate": rate,
         "requests": n,
@@ -86,29 +98,40 @@ def main() -> None:
         "--warmup-seconds", type=float, default=1.0,
         help="send this long at the same rate first, unmeasured (connections, first calls)",
     )  # fmt: skip
-    parser.add_argument("--model", default=str(STORIES) if STORIES.is_dir() else "dummy:tiny")
+    parser.add_argument(
+        "--model", action="append", default=None,
+        help="HF folder or dummy:PRESET, NAME=PATH to name it; repeat to serve several (the "
+        "jobs name each in turn; the first is the default). Default: stories260K, else "
+        "dummy:tiny",
+    )  # fmt: skip
     args = parser.parse_args()
+    specs = args.model or [str(STORIES) if STORIES.is_dir() else "dummy:tiny"]
+    named = [split_model_spec(m) for m in specs]
     tmp = Path(tempfile.mkdtemp(prefix="tide-bench-gw-"))
     server = EmbeddedRedis(tmp / "redis").start()
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     env = {
-        **os.environ, "REDIS_URL": server.url, "TIDE_MODEL": args.model, "PYTHONPATH": str(ROOT),
+        **os.environ, "REDIS_URL": server.url, "TIDE_MODEL": named[0][1], "PYTHONPATH": str(ROOT),
         "TIDE_MAX_QUEUED_PER_TENANT": "1000000",
         "TIDE_MAX_REQUESTS_PER_SECOND_PER_TENANT": "1000000",
     }  # fmt: skip
-    if args.model.startswith("dummy:"):
-        from worker.models.resolve import resolve_model_path
-
-        resolve_model_path(args.model)
+    if len(named) > 1:
+        env["TIDE_SERVED_MODELS"] = json.dumps([{"name": n, "model": p} for n, p in named])
+    for _, path in named:
+        if path.startswith("dummy:"):
+            resolve_model_path(path)
     gateway = [sys.executable, "-m", "uvicorn", "gateway.app:app", "--port", str(port),
                "--log-level", "warning", "--no-access-log"]  # fmt: skip
     procs = [subprocess.Popen(gateway, env=env, cwd=ROOT)]
-    results: dict = {"model": args.model}
+    results: dict = {"models": [n for n, _ in named]}
     try:
         wait_ready(url)
         warmup = int(args.rate * args.warmup_seconds)
-        load = asyncio.run(open_loop(url, args.rate, args.requests, args.concurrency, warmup))
+        models = [n for n, _ in named] if len(named) > 1 else None
+        load = asyncio.run(
+            open_loop(url, args.rate, args.requests, args.concurrency, warmup, models)
+        )
         results["load"] = load
         print(
             f"POST /v1/jobs at {args.rate:.0f}/s offered, {args.requests} requests: "

@@ -47,6 +47,7 @@ class HeartbeatWriter:
         served_work: int,
         idle_since: float | None,
         metrics_url: str,
+        cold_start_s: float | None = None,
     ) -> bool:
         """Write one heartbeat from the engine's stats; True when a drain is requested."""
         now = time.monotonic()
@@ -72,6 +73,7 @@ class HeartbeatWriter:
             idle_since=idle_since,
             instance_id=self.settings.instance_id,
             metrics_url=metrics_url,
+            cold_start_s=cold_start_s,
             at=time.time(),
         )
         ttl = max(int(3 * self.settings.worker_heartbeat_seconds), 2)

@@ -57,6 +57,7 @@ class HeldJob:
     started: bool = False  # the engine has computed some of it (marked in Redis once)
     work: int = 0  # prompt + n x max tokens: what its choices may compute
     created_at: float = 0.0  # the job record's (queue time counts from it)
+    cold_start_s: float | None = None  # the worker start it waited through (worker.boot)
     logprobs: bool = False  # sampling.logprobs was set: entries per token are written
     ended: bool = False  # its terminal result is recorded (worker.results)
     choices: list[Choice] = field(default_factory=list)

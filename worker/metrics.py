@@ -75,7 +75,7 @@ class WorkerMetrics:
         self._mbu_ema: float | None = None
         self._engine: LLMEngine | None = None
         self._server: Any = None
-        labels = {"model": model_label(model), "pool": pool}
+        labels = {"model": model, "pool": pool}  # the label as given (for_engine's choice)
         r, names = self.registry, list(labels)
 
         def gauge(name: str, doc: str) -> Any:
@@ -122,6 +122,10 @@ class WorkerMetrics:
         self._labels = labels
         self.success = Counter("tide:request_success", "finished requests by reason",
                                [*names, "finished_reason"], registry=r)  # fmt: skip
+        self.cold_start = gauge(
+            "worker_cold_start_seconds",
+            "this worker's start: process start to serving (worker/boot.py)",
+        )
         self.mfu = gauge("mfu", "model FLOPs utilisation of the last step (estimate)")
         self.mbu = gauge("mbu", "memory-bandwidth utilisation of the last step (estimate)")
         self.mfu_avg = gauge("mfu_ema", f"MFU, moving average over ~{EMA_TAU_S:g} s of steps")
@@ -136,13 +140,15 @@ class WorkerMetrics:
 
     @classmethod
     def for_engine(
-        cls, engine: LLMEngine, pool: str, settings: Settings | None = None
+        cls, engine: LLMEngine, pool: str, settings: Settings | None = None, served: str = ""
     ) -> WorkerMetrics:
+        """`served`: the model's served name, its `model` label as the gateway's and the
+        controller's (none: the weights' short name)."""
         model = engine.model
         dtype = str(model.dtype).removeprefix("torch.")
         cost = ModelCost.from_config(model.config, model.dtype.itemsize)
-        metrics = cls(cost, device_peaks(str(model.device), dtype, settings), engine.model_name,
-                      pool)  # fmt: skip
+        peaks = device_peaks(str(model.device), dtype, settings)
+        metrics = cls(cost, peaks, served or model_label(engine.model_name), pool)
         metrics.attach(engine)
         return metrics
 

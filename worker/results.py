@@ -101,6 +101,8 @@ class PendingWrites:
         fields = {"finished_at": time.time()} | fields
         if job.first_token_at is not None:
             fields["first_token_at"] = job.first_token_at
+        if job.cold_start_s is not None:
+            fields["cold_start_seconds"] = job.cold_start_s
         self.finished.append((job, status, fields))
 
     def forget(self, job_id: str) -> None:
@@ -116,7 +118,10 @@ class PendingWrites:
         for job_id, event in self.deltas:
             pipe.xadd(Keys.events(job_id), event)
         for job in self.first_tokens:
-            store.update(job.job_id, job.token, client=pipe, first_token_at=job.first_token_at)
+            cold = {} if job.cold_start_s is None else {"cold_start_seconds": job.cold_start_s}
+            store.update(
+                job.job_id, job.token, client=pipe, first_token_at=job.first_token_at, **cold
+            )
         for job in self.started:
             store.mark_started(job.job_id, job.token, client=pipe)
         results_at = len(pipe.command_stack)

@@ -28,6 +28,7 @@ from infra.settings import Settings
 from infra.wire import queues
 from infra.wire.jobstore import JobStore
 from infra.wire.protocol import JobMessage, JobStatus, Keys, Priority, consume_order
+from worker.boot import Boot
 from worker.choices import ChoiceRunner, JobSpec, request_id
 from worker.engine import LLMEngine
 from worker.heartbeat import HeartbeatWriter
@@ -60,6 +61,7 @@ class WorkerService:
         the queue names ('' for the fleet's default model, infra/wire/models.py)."""
         assert settings.redis_url, "the worker needs REDIS_URL"
         self.engine = engine
+        self.boot = Boot()
         self.settings = settings
         self.pool = pool
         self.buckets = buckets
@@ -82,7 +84,7 @@ class WorkerService:
         # outputs Redis has not confirmed yet
         self.pending = PendingWrites(LogprobEntries(engine.tokenizer))
         self._webhooks: list[tuple[str, str]] = []  # (job id, status) not enqueued yet
-        self.metrics = WorkerMetrics.for_engine(engine, pool, settings)
+        self.metrics = WorkerMetrics.for_engine(engine, pool, settings, served=model)
         self.choices = ChoiceRunner(
             engine, lambda job, rid: self.metrics.track(rid, job.created_at)
         )
@@ -104,7 +106,10 @@ class WorkerService:
             self._drain_deadline = time.monotonic() + self.settings.drain_timeout
 
     def run(self) -> None:
-        log.info("worker %s serving %s", self.worker_id, ", ".join(self.queue_names))
+        cold = self.boot.ready()
+        self.metrics.cold_start.set(cold)
+        log.info("worker %s serving %s (cold start %.2f s)", self.worker_id,
+                 ", ".join(self.queue_names), cold)  # fmt: skip
         if self.settings.worker_metrics_port >= 0:
             host, port = self.settings.worker_metrics_host, self.settings.worker_metrics_port
             self.metrics_url = self.metrics.serve(host, port)
@@ -220,6 +225,7 @@ class WorkerService:
             created_at=float(record.get("created_at") or 0),
         )  # fmt: skip
         held.work = job.prompt_tokens + job.max_tokens
+        held.cold_start_s = self.boot.waited_for(held.created_at)
         self._idle_since = None
         try:
             spec = JobSpec.from_record(record)
@@ -297,7 +303,7 @@ class WorkerService:
             stats, held=len(self.held), draining=self.draining,
             free_slots=max(0, max_seqs - self.held.num_sequences),
             served_work=self._served_work, idle_since=self._idle_since,
-            metrics_url=self.metrics_url,
+            metrics_url=self.metrics_url, cold_start_s=self.boot.seconds,
         )  # fmt: skip
         if drain and not self.draining:
             log.info("worker %s: drain requested by the controller", self.worker_id)

@@ -1,10 +1,11 @@
 """GET /console/api/fleet (operator keys only): queues, pools, workers, decisions, tenants.
 
 Everything comes from what Redis already holds, in a few round trips whatever the number
-of jobs: the backlog counters (infra/wire/backlog.py), the queue lengths, the heartbeats
-(infra/wire/heartbeats.py), the controller's records (infra/wire/fleet_status.py) and the
-tenants' unfinished-job counters; engine figures come from the workers' metrics endpoints
-(worker_stats.py, cached).
+of jobs or models: every served model's backlog counters (infra/wire/backlog.py) and queue
+lengths with the tenants' unfinished-job counters (fleet_queues.py), the heartbeats
+(infra/wire/heartbeats.py) and the controller's records (infra/wire/fleet_status.py);
+engine figures come from the workers' metrics endpoints (worker_stats.py, cached). Queues
+are per (model, bucket); pools and workers name the model they run.
 """
 
 from __future__ import annotations
@@ -18,13 +19,14 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from gateway.console.auth import OperatorDep
-from gateway.console.rates import ArrivalRates
+from gateway.console.fleet_queues import bucket_rows, lanes, model_of, model_rows, read_queues
 from gateway.console.worker_stats import EngineStats, WorkerScraper
 from gateway.deps import StateDep
-from infra.wire.backlog import BucketBacklog, read_backlog_async
+from gateway.served import served_catalog
 from infra.wire.fleet_status import FleetStatus, read_status_async
 from infra.wire.heartbeats import Heartbeat
-from infra.wire.protocol import BUCKETS, Keys, Priority, queue_name
+from infra.wire.models import ModelCatalog
+from infra.wire.protocol import Keys
 
 router = APIRouter(prefix="/console/api", include_in_schema=False)
 
@@ -56,45 +58,16 @@ def worker_state(beat: Heartbeat) -> str:
     return "busy" if beat.is_busy else "idle"
 
 
-async def _queues_and_tenants(
-    state: StateDep, tenants: list[str]
-) -> tuple[dict[str, int], list[int]]:
-    names = [queue_name(b, p) for b in BUCKETS for p in Priority]
-    pipe = state.aredis.pipeline(transaction=False)
-    for name in names:
-        pipe.llen(name)
-    for t in tenants:
-        pipe.get(Keys.tenant_active(t))
-    raw = await pipe.execute()
-    depths = dict(zip(names, (int(v) for v in raw[: len(names)]), strict=True))
-    active = [int(v or 0) for v in raw[len(names) :]]
-    return depths, active
-
-
-def _buckets(
-    backlog: dict[str, BucketBacklog], depths: dict[str, int], rates: ArrivalRates, now: float
+def _pools(
+    beats: dict[str, Heartbeat], status: FleetStatus, cat: ModelCatalog
 ) -> list[dict[str, Any]]:
-    out = []
-    for b in BUCKETS:
-        bl = backlog[b]
-        rate = rates.update(now, b, bl.arrived_jobs, bl.arrived_tokens)
-        out.append({
-            "bucket": b,
-            "queued": bl.jobs,
-            "queue_depth": {p.value: depths[queue_name(b, p)] for p in Priority},
-            "backlog_tokens": bl.tokens,
-            "oldest_age_s": bl.oldest_age_s,
-            "arrival_jobs_per_s": rate[0] if rate else None,
-            "arrival_tokens_per_s": rate[1] if rate else None,
-        })  # fmt: skip
-    return out
-
-
-def _pools(beats: dict[str, Heartbeat], status: FleetStatus) -> list[dict[str, Any]]:
     names = sorted(set(status.pools) | {b.pool for b in beats.values()})
     out = []
     for name in names:
         mine = [b for b in beats.values() if b.pool == name]
+        # A pool serves one model, named by its workers' heartbeats: the controller's record
+        # names none, so a pool without a live worker shows null.
+        models = sorted({model_of(b, cat) for b in mine})
         counts = {"starting": 0, "idle": 0, "busy": 0, "draining": 0}
         for b in mine:
             counts[worker_state(b)] += 1
@@ -103,6 +76,7 @@ def _pools(beats: dict[str, Heartbeat], status: FleetStatus) -> list[dict[str, A
             counts["starting"] = last.workers.get("starting", 0)
         out.append({
             "pool": name,
+            "model": ", ".join(models) or None,
             "buckets": sorted({bk for b in mine for bk in b.buckets}),
             "workers": counts,
             "actual": sum(counts.values()),
@@ -113,14 +87,14 @@ def _pools(beats: dict[str, Heartbeat], status: FleetStatus) -> list[dict[str, A
 
 
 def _workers(
-    beats: dict[str, Heartbeat], engine: dict[str, EngineStats], now: float
+    beats: dict[str, Heartbeat], engine: dict[str, EngineStats], cat: ModelCatalog, now: float
 ) -> list[dict[str, Any]]:
     out = []
     for w, b in sorted(beats.items()):
         stats = engine.get(b.metrics_url)
         out.append({
-            "worker_id": w, "pool": b.pool, "host": b.host, "pid": b.pid,
-            "state": worker_state(b), "buckets": list(b.buckets),
+            "worker_id": w, "pool": b.pool, "model": model_of(b, cat),
+            "host": b.host, "pid": b.pid, "state": worker_state(b), "buckets": list(b.buckets),
             "running": b.running, "waiting": b.waiting, "held": b.held,
             "free_slots": b.free_slots, "kv_cache_usage": b.kv_cache_usage,
             "tokens_per_s": b.tokens_per_s, "beat_age_s": max(0.0, now - b.at),
@@ -134,25 +108,28 @@ async def fleet(
     request: Request, state: StateDep, viewer: OperatorDep, history: bool = False
 ) -> JSONResponse:
     console = request.app.state.console
+    cat = served_catalog(state)
+    models = lanes(cat)
     now = time.time()
     tenants = sorted(set(state.settings.api_keys.values())) or ["default"]
-    backlog = await read_backlog_async(state.aredis, now)
     beats = await read_heartbeats(state)
-    depths, active = await _queues_and_tenants(state, tenants)
+    backlog, depths, active = await read_queues(state, models, tenants, now)
     status = await read_status_async(state.aredis, history=history)
     scraper: WorkerScraper = console.scraper
     engine = scraper.stats([b.metrics_url for b in beats.values() if b.metrics_url])
+    per_model = model_rows(models, backlog, beats, cat)
     return JSONResponse(
         {
             "at": now,
-            "model": state.model_name,
-            "buckets": _buckets(backlog, depths, console.rates, now),
-            "pools": _pools(beats, status),
-            "workers": _workers(beats, engine, now),
+            "model": state.model_name,  # the default model
+            "buckets": bucket_rows(models, backlog, depths, console.rates, now),
+            "models": per_model,
+            "pools": _pools(beats, status, cat),
+            "workers": _workers(beats, engine, cat, now),
             "decisions": [asdict(d) for d in status.decisions],
             "tenants": [{"tenant": t, "active": n} for t, n in zip(tenants, active, strict=True)],
             "totals": {
-                "queued": sum(backlog[b].jobs for b in BUCKETS),
+                "queued": sum(m["queued"] or 0 for m in per_model),
                 "workers": len(beats),
                 "tokens_per_s": sum(b.tokens_per_s for b in beats.values()),
             },

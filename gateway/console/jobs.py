@@ -17,7 +17,8 @@ from fastapi import APIRouter, HTTPException, Query
 from fastapi.responses import JSONResponse
 
 from gateway.console.auth import ViewerDep
-from gateway.deps import StateDep
+from gateway.deps import GatewayState, StateDep
+from gateway.served import served_catalog
 from infra.jobs.public import job_public
 from infra.wire.codec import decode_hash
 from infra.wire.job_scripts import RECENT_JOBS_PER_TENANT, RECENT_JOBS_SLACK
@@ -25,28 +26,32 @@ from infra.wire.protocol import Keys
 
 router = APIRouter(prefix="/console/api", include_in_schema=False)
 
-# The fields listed; the script compares the 2nd (status) and 3rd (bucket) with the filters.
-LISTED = ("id", "status", "bucket", "priority", "created_at", "started_at", "first_token_at",
-          "finished_at", "prompt_tokens", "max_tokens", "completion_tokens", "attempts",
-          "error", "model", "lease_owner")  # fmt: skip
+# The fields listed; the script compares the 2nd (status), 3rd (bucket) and 4th (model)
+# with the filters.
+LISTED = ("id", "status", "bucket", "model", "priority", "created_at", "started_at",
+          "first_token_at", "finished_at", "prompt_tokens", "max_tokens", "completion_tokens",
+          "attempts", "error", "lease_owner")  # fmt: skip
 
 # KEYS[1]: the index. ARGV: limit, most ids to look at, status ('' any), bucket ('' any),
-# the job key prefix, then the fields. Returns {ids looked at, JSON array of rows (each
-# the fields' values)}.
+# model ('' any), '1' when a record naming no model matches it too (the default model's:
+# records written before jobs named their model), the job key prefix, then the fields.
+# Returns {ids looked at, JSON array of rows (each the fields' values)}.
 LIST_SCRIPT = """
 local limit, most = tonumber(ARGV[1]), tonumber(ARGV[2])
-local fields = {unpack(ARGV, 6)}
+local fields = {unpack(ARGV, 8)}
 local rows, gone = {}, {}
 local start = 0
 while #rows < limit and start < most do
   local ids = redis.call('ZREVRANGE', KEYS[1], start, start + 199)
   if #ids == 0 then break end
   for _, id in ipairs(ids) do
-    local v = redis.call('HMGET', ARGV[5] .. id, unpack(fields))
+    local v = redis.call('HMGET', ARGV[7] .. id, unpack(fields))
+    local model = v[4] or ''
     if not v[1] then
       table.insert(gone, id)
     elseif #rows < limit and (ARGV[3] == '' or v[2] == ARGV[3])
-        and (ARGV[4] == '' or v[3] == ARGV[4]) then
+        and (ARGV[4] == '' or v[3] == ARGV[4])
+        and (ARGV[5] == '' or model == ARGV[5] or (ARGV[6] == '1' and model == '')) then
       for i = 1, #fields do if not v[i] then v[i] = '' end end
       table.insert(rows, v)
     end
@@ -77,6 +82,17 @@ def _row(values: list[str], default_model: str) -> dict[str, Any]:
     }  # fmt: skip
 
 
+def _model_filter(state: GatewayState, model: str | None) -> tuple[str, str]:
+    """(the served name to match, '1' when records naming no model match too); an alias is
+    its model, a name no longer served is matched as it is."""
+    if not model:
+        return "", ""
+    served = served_catalog(state).resolve(model)
+    if served is None:
+        return model, ""
+    return served.name, "1" if served.default else ""
+
+
 @router.get("/jobs")
 async def list_jobs(
     state: StateDep,
@@ -89,11 +105,10 @@ async def list_jobs(
     tenant = viewer.own_tenant()
     script = state.aredis.register_script(LIST_SCRIPT)
     most = RECENT_JOBS_PER_TENANT + RECENT_JOBS_SLACK
-    args: list[str | int] = [limit, most, status or "", bucket or "", Keys.job(""), *LISTED]
+    args: list[str | int] = [limit, most, status or "", bucket or "",
+                             *_model_filter(state, model), Keys.job(""), *LISTED]  # fmt: skip
     scanned, raw = await script(keys=[Keys.tenant_jobs(tenant)], args=args)
     rows = [_row(v, state.model_name) for v in json.loads(raw)]
-    if model:  # records name no model: one gateway serves one (see docs/console.md)
-        rows = [r for r in rows if r["model"] == model]
     return JSONResponse({"object": "list", "data": rows, "scanned": int(scanned), "tenant": tenant})
 
 

@@ -11,6 +11,7 @@ from fastapi.responses import FileResponse, RedirectResponse
 
 from gateway.console.auth import Viewer, current_viewer
 from gateway.deps import StateDep
+from gateway.served import served_catalog
 
 STATIC = Path(__file__).parent / "static"
 
@@ -55,7 +56,7 @@ async def me(request: Request, state: StateDep) -> dict[str, Any]:
         "tenant": viewer.tenant if viewer else None,
         "operator": viewer.operator if viewer else False,
         "auth": bool(settings.api_keys or settings.admin_keys),
-        "models": [state.model_name],
+        "models": served_catalog(state).names(),  # the default first
         "model_loaded": state.model is not None,
         "max_model_len": state.model.config.max_model_len if state.model is not None else None,
     }

@@ -10,7 +10,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from gateway.deps import StateDep
 from gateway.metrics import BACKLOG, QUEUE_DEPTH, registry
 from gateway.readiness import readiness
-from infra.wire.backlog import read_backlog_async
+from gateway.served import served_catalog
+from infra.wire.backlog import read_lanes_async
 from infra.wire.protocol import BUCKETS, Priority, queue_name
 
 router = APIRouter(tags=["health"])
@@ -34,7 +35,8 @@ async def readyz(state: StateDep) -> JSONResponse:
 
 @router.get("/metrics", response_class=PlainTextResponse)
 async def metrics(state: StateDep) -> Response:
-    """Prometheus text; queue lengths and the backlog per bucket are read now, from Redis."""
+    """Prometheus text; queue lengths and each served model's backlog per bucket are read
+    now, from Redis."""
     names = [queue_name(b, p) for b in BUCKETS for p in Priority]
     try:
         pipe = state.aredis.pipeline(transaction=False)
@@ -42,7 +44,9 @@ async def metrics(state: StateDep) -> Response:
             pipe.llen(name)
         for name, depth in zip(names, await pipe.execute(), strict=True):
             QUEUE_DEPTH.labels(name).set(depth)
-        BACKLOG.latest = await read_backlog_async(state.aredis)
+        models = served_catalog(state).models
+        backlog = await read_lanes_async(state.aredis, [m.lane for m in models])
+        BACKLOG.latest = {m.name: backlog[m.lane] for m in models}
     except redis.RedisError:
         BACKLOG.latest = {}  # no stale numbers while Redis is away
     return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)

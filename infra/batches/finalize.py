@@ -85,10 +85,11 @@ def output_lines(
 @celery_app.task(name="tide.batch.finalize")
 def finalize_batch(batch_id: str) -> str:
     h = handles()
-    batches, files, model = h.batches, h.files, h.settings.model
+    batches, files = h.batches, h.files
     batch = batches.get(batch_id)
     if batch is None or batch["status"] != "finalizing":
         return "skipped"
+    model = batch.get("model") or h.settings.model  # a batch from before batches named one
     tenant = batch["tenant"]
     succeeded = output_lines(batch, batches, model, want_errors=False)
     output = files.create(

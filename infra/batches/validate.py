@@ -1,11 +1,13 @@
 """Validation of a batch's input file and its fan-out into jobs (the ``validate`` task).
 
 The file is checked whole before any job is written: a file-level problem (bad JSON, a
-missing or repeated custom_id, the wrong method or URL) fails the batch with the lines
-named. Fan-out then writes one job per line at batch priority; a line whose body is
-refused (a bad field, too long a prompt) gets a refusal in the line table instead. Each
-line's job has an idempotency key, so a task that runs twice (a Celery restart,
-acks_late) never duplicates a line.
+missing or repeated custom_id, the wrong method or URL, a model not served or lines naming
+different models: one model per file, infra/batches/one_model.py) fails the batch with the
+lines named. Fan-out then writes one job per line at batch priority, for the batch's model
+(its tokenizer, bucket rules and queues); a line whose body is refused (a bad field, too
+long a prompt) gets a refusal in the line table instead. Each line's job has an
+idempotency key, so a task that runs twice (a Celery restart, acks_late) never duplicates
+a line.
 """
 
 from __future__ import annotations
@@ -14,10 +16,12 @@ import functools
 import json
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import ValidationError
 
+from infra.batches.one_model import OneModel
 from infra.batches.store import FANOUT_CHUNK, REFUSED, handles, refusal
 from infra.jobs.celery_app import celery_app
 from infra.jobs.errors import bad_request
@@ -25,6 +29,7 @@ from infra.jobs.files import FileStore
 from infra.jobs.openai_request import PlannedJob, chat_job, completion_jobs
 from infra.jobs.schemas import ChatCompletionCreate, CompletionCreate
 from infra.jobs.submission import ModelInfo, SubmissionError, build_job
+from infra.wire.models import ModelCatalog, ServedModel, catalog
 from infra.wire.protocol import Keys, Priority
 
 ENDPOINTS: dict[str, type[CompletionCreate] | type[ChatCompletionCreate]] = {
@@ -48,16 +53,26 @@ def _lines(files: FileStore, file: dict[str, str]) -> Iterator[tuple[int, bytes]
                 yield n, raw
 
 
+@dataclass
+class FileCheck:
+    """A file's problems (each names its line; none: the file is good) and, for a good
+    file, the model its lines name."""
+
+    errors: list[dict[str, Any]] = field(default_factory=list)
+    model: ServedModel | None = None
+
+
 def check_envelopes(
-    files: FileStore, file: dict[str, str], endpoint: str, max_lines: int
-) -> list[dict[str, Any]]:
-    """File-level problems (each names its line); an empty list means the file is good."""
+    files: FileStore, file: dict[str, str], endpoint: str, max_lines: int, models: ModelCatalog
+) -> FileCheck:
+    """File-level problems, each naming its line, and the batch's model (one per file)."""
     errors: list[dict[str, Any]] = []
     seen: set[str] = set()
+    one = OneModel(models)
     count = 0
 
-    def err(n: int, code: str, message: str) -> None:
-        errors.append({"code": code, "line": n, "message": f"line {n}: {message}", "param": None})
+    def err(n: int, code: str, message: str, param: str | None = None) -> None:
+        errors.append({"code": code, "line": n, "message": f"line {n}: {message}", "param": param})
 
     for n, raw in _lines(files, file):
         count += 1
@@ -87,6 +102,9 @@ def check_envelopes(
                 err(n, "missing_body", "body must be a JSON object")
             else:
                 seen.add(obj["custom_id"])
+                problem = one.check(n, obj["body"].get("model"))
+                if problem is not None:
+                    err(n, *problem, param="body.model")
         if len(errors) >= MAX_FILE_ERRORS:
             break
     if count == 0 and not errors:
@@ -98,12 +116,15 @@ def check_envelopes(
                 "param": None,
             }
         )
-    return errors
+    return FileCheck(errors, None if errors else one.model)
 
 
-def plan_line(endpoint: str, body: dict[str, Any], info: ModelInfo, served: str) -> PlannedJob:
-    """A line's body, validated as the endpoint validates it, as one job. A completions line
-    with several prompts is refused: the batch keeps one job per line."""
+def plan_line(
+    endpoint: str, body: dict[str, Any], info: ModelInfo, served: str | ModelCatalog
+) -> PlannedJob:
+    """A line's body, validated as the endpoint validates it, as one job (`served`: the
+    models its ``model`` may name). A completions line with several prompts is refused: the
+    batch keeps one job per line."""
     request = ENDPOINTS[endpoint].model_validate(body)
     if isinstance(request, ChatCompletionCreate):
         return chat_job(request, served, info, Priority.BATCH)
@@ -115,11 +136,13 @@ def plan_line(endpoint: str, body: dict[str, Any], info: ModelInfo, served: str)
     return completion_jobs(request, served, info, Priority.BATCH)[0]
 
 
-def fan_out(batch: dict[str, str], file: dict[str, str]) -> int:
-    """One job per line at batch priority, written in pipelines; returns the request count."""
+def fan_out(batch: dict[str, str], file: dict[str, str], served: ServedModel) -> int:
+    """One job per line at batch priority for the batch's model `served` (its tokenizer and
+    queues), written in pipelines; returns the request count."""
     h = handles()
     settings, client, jobs = h.settings, h.client, h.jobs
-    info = _model(settings.model)
+    models = catalog(settings)
+    info = _model(served.path)
     batch_id, tenant, endpoint = batch["id"], batch["tenant"], batch["endpoint"]
     lines_key = Keys.batch_lines(batch_id)
     pending: list[tuple[int, Any]] = []
@@ -145,13 +168,13 @@ def fan_out(batch: dict[str, str], file: dict[str, str]) -> int:
         obj = json.loads(raw)
         custom_id = obj["custom_id"]
         try:
-            plan = plan_line(endpoint, obj["body"], info, settings.model)
+            plan = plan_line(endpoint, obj["body"], info, models)
             job = build_job(
                 settings, info, tenant, plan.body,
                 idempotency_key=f"batch:{batch_id}:{index}", priority=Priority.BATCH,
                 extra_fields={"batch_id": batch_id, "batch_line": index, "custom_id": custom_id,
                               **plan.fields},
-                tools=plan.tools,
+                tools=plan.tools, served=served,
             )  # fmt: skip
             job.max_active = job.max_queue_length = job.max_rate = NO_LIMIT
             pending.append((index, job))
@@ -182,22 +205,25 @@ def validate_batch(batch_id: str) -> str:
         return "skipped"
     file = h.files.get(batch["input_file_id"])
     if file is None:
-        errors = [
+        check = FileCheck([
             {"code": "missing_file", "line": None, "message": "input file not found", "param": None}
-        ]
+        ])  # fmt: skip
     else:
-        errors = check_envelopes(h.files, file, batch["endpoint"], h.settings.file_max_lines)
-    if errors:
+        check = check_envelopes(
+            h.files, file, batch["endpoint"], h.settings.file_max_lines, catalog(h.settings)
+        )
+    if check.errors or check.model is None:
         batches.transition(
-            batch_id, ["validating"], status="failed", failed_at=time.time(), errors=errors
+            batch_id, ["validating"], status="failed", failed_at=time.time(), errors=check.errors
         )
         return "failed"
-    total = fan_out(batch, file)  # type: ignore[arg-type]
+    assert file is not None
+    total = fan_out(batch, file, check.model)
     entries = h.client.hvals(Keys.batch_lines(batch_id))
     refused = sum(1 for v in entries if v.startswith(REFUSED.encode()))
     h.client.sadd(Keys.active_batches, batch_id)
     batches.transition(
         batch_id, ["validating"], status="in_progress", in_progress_at=time.time(), total=total,
-        refused=refused,
+        refused=refused, model=check.model.name,
     )  # fmt: skip
     return "in_progress"

@@ -26,21 +26,26 @@ class OpenLoopResult:
 async def post_open_loop(
     url: str,
     path: str,
-    body: dict[str, Any],
+    body: dict[str, Any] | list[dict[str, Any]],
     rate: float,
     n: int,
     concurrency: int,
     warmup: int = 0,
     headers: dict[str, str] | None = None,
 ) -> OpenLoopResult:
-    """`warmup + n` POSTs of `body` to `url + path`, request i scheduled at i / rate."""
+    """`warmup + n` POSTs of `body` to `url + path`, request i scheduled at i / rate; a list
+    of bodies is sent in turn (request i sends body i mod its length)."""
     host, port = url.removeprefix("http://").split(":")
-    payload = json.dumps(body).encode()
     extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
-    request = (
-        f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n{extra}"
-        f"Content-Length: {len(payload)}\r\n\r\n"
-    ).encode() + payload
+
+    def encode(one: dict[str, Any]) -> bytes:
+        payload = json.dumps(one).encode()
+        return (
+            f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+            f"{extra}Content-Length: {len(payload)}\r\n\r\n"
+        ).encode() + payload
+
+    requests = [encode(b) for b in (body if isinstance(body, list) else [body])]
     start = time.perf_counter() + 0.2
     todo: asyncio.Queue[tuple[int, float]] = asyncio.Queue()
     for i in range(warmup + n):
@@ -52,7 +57,7 @@ async def post_open_loop(
         while not todo.empty():
             i, scheduled = todo.get_nowait()
             await asyncio.sleep(max(0.0, scheduled - time.perf_counter()))
-            writer.write(request)
+            writer.write(requests[i % len(requests)])
             head = await reader.readuntil(b"\r\n\r\n")
             length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
             await reader.readexactly(length)

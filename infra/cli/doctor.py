@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from infra.doctor.queues import scraped_by_model
 from infra.doctor.rules import Finding, diagnose
 from infra.doctor.snapshot import Snapshot
 
@@ -44,6 +45,9 @@ def render(findings: list[Finding], before: Snapshot, after: Snapshot, interval:
     seen = ["gateway"] if after.gateway else []
     seen += ["controller"] if after.controller else []
     seen += [f"{len(after.workers)} worker(s)"]
+    by_model = scraped_by_model(after)
+    if len(by_model) > 1:  # say whose: rules about queues and workers are per model
+        seen[-1] += " (" + ", ".join(f"{m or '?'}: {len(w)}" for m, w in by_model.items()) + ")"
     lines = [f"tide doctor: read {', '.join(seen)} twice, {interval:g} s apart"]
     lines += [f"  ! {e}" for e in errors]
     if not findings:
@@ -94,6 +98,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         workers = sorted(after.workers)
         body = {"interval_s": round(interval, 3), "gateway": after.gateway is not None,
                 "controller": after.controller is not None, "workers": workers,
+                "models": scraped_by_model(after),
                 "errors": errors, "findings": [f.to_dict() for f in findings]}  # fmt: skip
         print(json.dumps(body, indent=2))
     else:

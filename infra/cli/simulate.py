@@ -23,15 +23,23 @@ def add_parser(sub: Any) -> None:
             "tide (the controller's infra.fleet.autoscale.decide), list_length (KEDA-style "
             "queued jobs / target per worker, scale to zero after KEDA's cooldown) and "
             "static_peak (enough always-on workers for the peak hour, raised until each pool "
-            "meets its SLO). Reports GPU-hours, queue waits, SLO attainment and peak workers. "
-            "See docs/simulator.md."
+            "meets its SLO). Reports GPU-hours, queue waits, SLO attainment and peak workers, "
+            "in total and per model: a fleet whose pools serve several models (served_name) "
+            "routes each job to its model's pools, and each pool scales on its own model's "
+            "backlog. See docs/simulator.md."
         ),
     )
     p.add_argument(
         "--trace", default="diurnal",
         help="diurnal (one day, peak 10x trough, bursts), mixed (80/20 short/long, 6 h) or "
-             'FILE.jsonl: one {"arrival_s", "prompt_tokens", "max_tokens", "output_tokens"?} '
-             "per line (default diurnal)",
+             'FILE.jsonl: one {"arrival_s", "prompt_tokens", "max_tokens", "output_tokens"?, '
+             '"model"?} per line; model is a served name or alias of the fleet, absent for '
+             "its default model (default diurnal)",
+    )  # fmt: skip
+    p.add_argument(
+        "--models", default=None, metavar="MIX",
+        help="built-in traces: split the jobs over the fleet's models by these shares, e.g. "
+             "a:0.7,b:0.3 (default: every job is the default model's)",
     )  # fmt: skip
     p.add_argument("--seed", type=int, default=0, help="seed of the built-in traces (default 0)")
     p.add_argument(
@@ -62,7 +70,11 @@ def add_parser(sub: Any) -> None:
         help="tide's per-worker rate: learned from heartbeats as the controller does (default), "
              "or the service model's true full-worker rate",
     )  # fmt: skip
-    p.add_argument("--json", action="store_true", help='print {"policies": {name: figures}}')
+    p.add_argument(
+        "--json", action="store_true",
+        help='print {"policies": {name: figures}}; figures include "models": per model '
+             "{jobs, p50_wait_s, p99_wait_s, gpu_hours}",
+    )  # fmt: skip
     p.add_argument("--plot", default=None, metavar="FILE", help="write a PNG of workers and waits")
     p.set_defaults(func=cmd_simulate)
 
@@ -77,8 +89,26 @@ def _fleet(path: str | None) -> Any:
     return load_fleet(path), path
 
 
+def _mix(spec: str) -> dict[str, float]:
+    """--models a:0.7,b:0.3 -> {"a": 0.7, "b": 0.3} (shares are checked against the fleet)."""
+    mix: dict[str, float] = {}
+    for item in (i.strip() for i in spec.split(",") if i.strip()):
+        name, sep, share = item.rpartition(":")
+        try:
+            value = float(share)
+        except ValueError:
+            value = math.nan
+        if not sep or not name or math.isnan(value) or name in mix:
+            raise ValueError(f"--models: {item!r} is not NAME:SHARE (each model once)")
+        mix[name] = value
+    if not mix:
+        raise ValueError("--models: give NAME:SHARE,... (e.g. a:0.7,b:0.3)")
+    return mix
+
+
 def cmd_simulate(args: argparse.Namespace) -> int:
     from infra.sim.compare import simulate
+    from infra.sim.models import FleetModels
     from infra.sim.policies import POLICIES, KedaConfig
     from infra.sim.service_model import service_models
     from infra.sim.simulation import SimConfig
@@ -95,10 +125,15 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                 raise ValueError(f"--policies: unknown {name!r}; choose from {POLICIES}")
         fleet, fleet_path = _fleet(args.fleet)
         models = service_models(fleet, args.service)
+        served = FleetModels(fleet)
+        mix = _mix(args.models) if args.models is not None else None
         if args.trace in TRACES:
-            jobs, span = builtin_trace(args.trace, args.seed, args.hours)
+            jobs, span = builtin_trace(args.trace, args.seed, args.hours, mix, served)
+        elif mix is not None:
+            raise ValueError("--models applies to the built-in traces; a file names each "
+                             "job's model in its model field")  # fmt: skip
         elif args.trace.endswith(".jsonl") or Path(args.trace).is_file():
-            jobs, span = load_trace(args.trace, args.hours)
+            jobs, span = load_trace(args.trace, args.hours, served)
         else:
             raise ValueError(
                 f"--trace {args.trace!r}: not a built-in trace ({', '.join(TRACES)}) "
@@ -156,6 +191,13 @@ def _table(results: Any, fleet: Any, fleet_path: str, models: Any, args: Any, n:
     for name, r in results.items():
         pools = ", ".join(f"{p} {v:.1f}s" for p, v in r.p99_wait_by_pool.items())
         console.print(f"  {name}: {pools}" + (f" (workers: {r.note})" if r.note else ""))
+    if len(fleet.model_keys()) > 1:
+        console.print("by model (jobs, p50 / p99 wait, GPU-hours of its pools):")
+        for name, r in results.items():
+            console.print(f"  {name}: " + "; ".join(
+                f"{m} {f.jobs} jobs, {f.p50_wait_s:.1f}s / {f.p99_wait_s:.1f}s, "
+                f"{f.gpu_hours:.2f} GPU-h" for m, f in r.by_model.items()
+            ))  # fmt: skip
 
 
 def plot(results: Any, jobs: Any, span: float, path: str, title: str = "") -> None:

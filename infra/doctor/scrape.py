@@ -40,6 +40,13 @@ class Scrape:
             out[labels.get(label, "")] += v
         return dict(out)
 
+    def by_labels(self, name: str, *labels: str) -> dict[tuple[str, ...], float]:
+        """Sums by the values of several labels (a missing label reads as '')."""
+        out: dict[tuple[str, ...], float] = defaultdict(float)
+        for sample_labels, v in self.samples.get(name, []):
+            out[tuple(sample_labels.get(label, "") for label in labels)] += v
+        return dict(out)
+
     def buckets(self, name: str) -> dict[float, float]:
         """A histogram's cumulative counts by upper bound, summed over its label sets."""
         out: dict[float, float] = defaultdict(float)

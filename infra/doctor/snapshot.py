@@ -1,12 +1,14 @@
 """What `tide doctor` reads at one moment, and what changed between two such moments.
 
 A snapshot holds the scrapes of the gateway, the controller and each worker, with the
-workers' heartbeats (infra/wire/heartbeats.py). Pure and torch-free.
+workers' heartbeats (infra/wire/heartbeats.py); what is queued per model and who serves it
+is infra/doctor/queues.py. Pure and torch-free.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from infra.doctor.scrape import Scrape
@@ -33,50 +35,38 @@ def counter_increase(before: float | None, after: float | None) -> float:
     return after - before
 
 
-def worker_increase(before: Snapshot, after: Snapshot, name: str) -> float:
+def _chosen(after: Snapshot, workers: Iterable[str] | None) -> dict[str, Scrape]:
+    if workers is None:
+        return after.workers
+    return {w: after.workers[w] for w in workers if w in after.workers}
+
+
+def worker_increase(
+    before: Snapshot, after: Snapshot, name: str, workers: Iterable[str] | None = None
+) -> float:
+    """A counter's increase summed over the workers (all, or those named)."""
     return sum(
         counter_increase(
             before.workers[w].total(name) if w in before.workers else None, s.total(name)
         )
-        for w, s in after.workers.items()
+        for w, s in _chosen(after, workers).items()
     )
 
 
 def histogram_counts(
-    before: Snapshot, after: Snapshot, name: str, window: bool
+    before: Snapshot,
+    after: Snapshot,
+    name: str,
+    window: bool,
+    workers: Iterable[str] | None = None,
 ) -> dict[float, float]:
-    """Histogram counts summed over workers: observed within the interval, or ever."""
+    """Histogram counts summed over the workers (all, or those named): observed within the
+    interval, or ever."""
     out: dict[float, float] = defaultdict(float)
-    for w, scrape in after.workers.items():
+    for w, scrape in _chosen(after, workers).items():
         now = scrape.buckets(name)
         then = before.workers[w].buckets(name) if window and w in before.workers else {}
         restarted = any(now.get(le, 0.0) < c for le, c in then.items())
         for le, count in now.items():
             out[le] += count if restarted else count - then.get(le, 0.0)
     return dict(out)
-
-
-def served_buckets(snap: Snapshot) -> set[str]:
-    """The buckets some live worker takes jobs from, by their heartbeats."""
-    return {b for beat in snap.worker_info.values() for b in beat.buckets}
-
-
-def queue_jobs(snap: Snapshot) -> dict[str, float]:
-    """Queued jobs per bucket: the gateway's reading, else the controller's."""
-    for scrape, name in (
-        (snap.gateway, "tide:backlog_jobs"),
-        (snap.controller, "tide:controller_queue_jobs"),
-    ):
-        if scrape is not None and name in scrape.samples:
-            return scrape.by_label(name, "bucket")
-    return {}
-
-
-def oldest_age(snap: Snapshot) -> dict[str, float]:
-    for scrape, name in (
-        (snap.gateway, "tide:backlog_oldest_job_age_seconds"),
-        (snap.controller, "tide:controller_oldest_job_age_seconds"),
-    ):
-        if scrape is not None and name in scrape.samples:
-            return scrape.by_label(name, "bucket")
-    return {}

@@ -70,6 +70,7 @@ class Controller:
         self.clock = clock
         self.states = {name: PoolState() for name in fleet.pools}
         self.lanes = fleet.pool_lanes(settings.model)  # pool -> its model's lane
+        self.metric_models = m.model_names(fleet, settings.model)  # lane -> its `model` label
         self.rates = RateTracker(list(fleet.pools))
         self.estimates = {name: estimated_rate(pool) for name, pool in fleet.pools.items()}
         self.last_decisions: list[Decision] = []
@@ -85,10 +86,12 @@ class Controller:
         counts = {backlog_field(b, lane): backlogs[lane][b].arrived_tokens
                   for lane in lanes for b in BUCKETS}  # fmt: skip
         arrivals = self.rates.bucket_rates(now, counts)
-        for b, bl in backlogs.get("", {}).items():  # the default model's
-            m.BACKLOG_TOKENS.labels(b).set(bl.tokens)
-            m.QUEUE_JOBS.labels(b).set(bl.jobs)
-            m.OLDEST_AGE.labels(b).set(bl.oldest_age_s)
+        for lane, by_bucket in backlogs.items():
+            model = self.metric_models[lane]
+            for b, bl in by_bucket.items():
+                m.BACKLOG_TOKENS.labels(model, b).set(bl.tokens)
+                m.QUEUE_JOBS.labels(model, b).set(bl.jobs)
+                m.OLDEST_AGE.labels(model, b).set(bl.oldest_age_s)
         out = {}
         for name, pool in self.fleet.pools.items():
             lane = self.lanes[name]
@@ -107,8 +110,8 @@ class Controller:
             # A configured rate wins: a bench run on the pool's hardware beats a measurement
             # from partly saturated workers; the learnt rate replaces only the generic guess.
             rate = pool.tokens_per_s or learnt or self.estimates[name]
-            m.ARRIVAL_RATE.labels(name).set(arrival)
-            m.SERVICE_RATE.labels(name).set(rate)
+            m.ARRIVAL_RATE.labels(name, self.metric_models[lane]).set(arrival)
+            m.SERVICE_RATE.labels(name, self.metric_models[lane]).set(rate)
             out[name] = PoolObservation(now, jobs, tokens, oldest, arrival, rate, workers)
         return out
 
@@ -126,7 +129,7 @@ class Controller:
         for v in views:
             by_state[v.state] = by_state.get(v.state, 0) + 1
         for st, n in by_state.items():
-            m.WORKERS.labels(pool.name, st).set(n)
+            m.WORKERS.labels(pool.name, self.metric_models[self.lanes[pool.name]], st).set(n)
         return views
 
     # -- deciding and acting -----------------------------------------------------------
@@ -142,8 +145,9 @@ class Controller:
                 self._act(pool, d)
             except Exception:  # one pool's cloud error must not stop the others
                 log.exception("pool %s: acting on %s failed; next poll retries", name, d.action)
-            m.DESIRED.labels(name).set(d.desired)
-            m.DECISIONS.labels(name, d.action).inc()
+            model = self.metric_models[self.lanes[name]]
+            m.DESIRED.labels(name, model).set(d.desired)
+            m.DECISIONS.labels(name, model, d.action).inc()
             level = logging.INFO if d.action != "hold" else logging.DEBUG
             log.log(
                 level, "pool %s: %s %d -> %d (%s)", name, d.action, d.current, d.desired, d.reason

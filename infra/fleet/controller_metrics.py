@@ -1,4 +1,9 @@
-"""The controller's metrics (prometheus-client), on its own registry, and their endpoint."""
+"""The controller's metrics (prometheus-client), on its own registry, and their endpoint.
+
+Every series names the model it is about: backlog series by (model, bucket), pool series
+by (pool, model), as each pool serves one model. `model` is the served name (what clients
+send), the default model's too (its queues have no lane, infra/wire/models.py).
+"""
 
 from __future__ import annotations
 
@@ -7,39 +12,47 @@ from typing import cast
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
+from infra.fleet.fleet_config import FleetConfig
+
 registry = CollectorRegistry()
 DESIRED = Gauge(
-    "tide:controller_desired_workers", "workers the policy wants per pool", ["pool"],
+    "tide:controller_desired_workers", "workers the policy wants per pool", ["pool", "model"],
     registry=registry,
 )  # fmt: skip
 WORKERS = Gauge(
     "tide:controller_workers", "workers per pool by state (starting, ready, draining)",
-    ["pool", "state"], registry=registry,
+    ["pool", "model", "state"], registry=registry,
 )  # fmt: skip
 BACKLOG_TOKENS = Gauge(
-    "tide:controller_backlog_tokens", "prompt + max tokens of queued jobs", ["bucket"],
-    registry=registry,
+    "tide:controller_backlog_tokens", "prompt + max tokens of queued jobs",
+    ["model", "bucket"], registry=registry,
 )  # fmt: skip
 QUEUE_JOBS = Gauge(
-    "tide:controller_queue_jobs", "queued jobs (including taken, not started)", ["bucket"],
-    registry=registry,
+    "tide:controller_queue_jobs", "queued jobs (including taken, not started)",
+    ["model", "bucket"], registry=registry,
 )  # fmt: skip
 OLDEST_AGE = Gauge(
-    "tide:controller_oldest_job_age_seconds", "age of the oldest queued job", ["bucket"],
-    registry=registry,
+    "tide:controller_oldest_job_age_seconds", "age of the oldest queued job",
+    ["model", "bucket"], registry=registry,
 )  # fmt: skip
 ARRIVAL_RATE = Gauge(
     "tide:controller_arrival_tokens_per_second", "smoothed work tokens arriving per second",
-    ["pool"], registry=registry,
+    ["pool", "model"], registry=registry,
 )  # fmt: skip
 SERVICE_RATE = Gauge(
     "tide:controller_service_tokens_per_second", "work tokens one worker serves per second",
-    ["pool"], registry=registry,
+    ["pool", "model"], registry=registry,
 )  # fmt: skip
 DECISIONS = Counter(
-    "tide:controller_decisions", "scaling decisions by action", ["pool", "action"],
+    "tide:controller_decisions", "scaling decisions by action", ["pool", "model", "action"],
     registry=registry,
 )  # fmt: skip
+
+
+def model_names(fleet: FleetConfig, default_path: str) -> dict[str, str]:
+    """lane -> the served name its series carry as `model` ('' is the default model's lane)."""
+    cat = fleet.catalog(default_path)
+    return {m.lane: m.name for m in cat.models}
 
 
 def start_metrics_server(port: int, host: str = "127.0.0.1") -> str:

@@ -47,6 +47,9 @@ class JobTimings(BaseModel):
     finished_at: float | None = None
     queue_seconds: float | None = None
     ttft_seconds: float | None = None
+    # The worker start it waited through (process start to serving): set when the job was
+    # queued before the worker that ran it started, e.g. a pool scaling from zero.
+    cold_start_seconds: float | None = None
 
 
 class JobPublic(BaseModel):
@@ -130,6 +133,7 @@ def job_public(record: dict[str, str]) -> JobPublic:
             finished_at=_float(record, "finished_at"),
             queue_seconds=started - queued_at if started and queued_at else None,
             ttft_seconds=first - queued_at if first and queued_at else None,
+            cold_start_seconds=_float(record, "cold_start_seconds"),
         ),
         attempts=int(record.get("attempts") or 0),
         error=record.get("error") or None,
@@ -153,6 +157,7 @@ def public_batch(record: dict[str, str]) -> dict[str, Any]:
         "input_file_id": record["input_file_id"],
         "completion_window": record["completion_window"],
         "status": record["status"],
+        "model": record.get("model") or None,  # the served model; set once validated
         "output_file_id": record.get("output_file_id") or None,
         "error_file_id": record.get("error_file_id") or None,
         "created_at": _int(record, "created_at"),

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from infra.fleet.autoscale import PoolObservation, PoolState, RateTracker, WorkerView, decide
 from infra.fleet.controller import estimated_rate
 from infra.fleet.fleet_config import FleetConfig
+from infra.sim.routing import Routing
 from infra.sim.service_model import ServiceModel
 from infra.sim.simulation import SimConfig, Simulation
 from infra.sim.traces import Job
@@ -21,8 +22,9 @@ POLICIES = ("tide", "list_length", "static_peak")
 
 class TidePolicy:
     """What `tide controller` does each poll (infra/fleet/controller.py), with the simulator for its
-    Redis, heartbeats and actuator: the same observation, infra.fleet.autoscale.decide, the same
-    actions (launch; drain the chosen workers, removed once drained)."""
+    Redis, heartbeats and actuator: the same observation (each pool from its own model's
+    queues), infra.fleet.autoscale.decide, the same actions (launch; drain the chosen workers,
+    removed once drained)."""
 
     name = "tide"
 
@@ -42,7 +44,7 @@ class TidePolicy:
         rates = self.rates.bucket_rates(now, dict(sim.arrived_tokens))
         for name, pool in self.fleet.pools.items():
             jobs, tokens, oldest = sim.backlog(name, now)
-            arriving = sum(rates.get(b, 0.0) for b in self.fleet.home_buckets(name))
+            arriving = sum(rates.get(q, 0.0) for q in sim.routing.home_queues[name])
             arrival = self.rates.update_arrival(name, now, arriving)
             live = sim.live(name)
             if self.learn:  # exactly what the controller learns from heartbeats
@@ -71,7 +73,7 @@ class KedaConfig:
 
 
 class ListLengthPolicy:
-    """desired = ceil(queued jobs / list_length) per pool (its home buckets' lists); at least
+    """desired = ceil(queued jobs / list_length) per pool (its home queues' lists); at least
     one while active; to min_workers once the lists have been empty for the cooldown."""
 
     name = "list_length"
@@ -89,7 +91,7 @@ class ListLengthPolicy:
     def tick(self, sim: Simulation, now: float) -> None:
         k = self.keda
         for pool in self.fleet.pools.values():
-            queued = sum(len(sim.queues[b]) for b in self.fleet.home_buckets(pool.name))
+            queued = sum(len(sim.queues[q]) for q in sim.routing.home_queues[pool.name])
             active = [w for w in sim.live(pool.name) if w.state != "draining"]
             current = len(active)
             if queued:
@@ -137,11 +139,14 @@ class StaticPolicy:
 def peak_hour_counts(
     fleet: FleetConfig, jobs: list[Job], models: dict[str, ServiceModel]
 ) -> dict[str, int]:
-    """Workers per pool for its busiest hour of arrivals (work tokens) at a full worker's rate."""
+    """Workers per pool for its busiest hour of arrivals (work tokens) at a full worker's rate,
+    over the jobs of its home queues (its model's home buckets)."""
+    routing = Routing(fleet)
+    home = [routing.home.get(routing.queue_of(j)) for j in jobs]  # None: a model none serves
     counts = {}
     for name, pool in fleet.pools.items():
-        homes = set(fleet.home_buckets(name))
-        mine = sorted((j for j in jobs if j.bucket in homes), key=lambda j: j.arrival)
+        mine = sorted((j for j, h in zip(jobs, home, strict=True) if h == name),
+                      key=lambda j: j.arrival)  # fmt: skip
         if not mine:
             counts[name] = pool.min_workers
             continue

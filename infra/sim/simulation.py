@@ -3,8 +3,9 @@ pools (docs/simulator.md).
 
 - a worker (infra/sim/worker.py) holds up to max_num_seqs jobs and KV room for their prompt +
   max_tokens; its step time comes from its pool's service model (infra/sim/service_model.py);
-- a worker takes the head of the first non-empty bucket in its pool's preference order, one
-  job per free slot (FCFS within a bucket); a head it cannot fit waits for room;
+- a job waits in its (model, bucket) queue (infra/sim/routing.py); a worker takes the head of
+  the first non-empty queue of its model's buckets in its pool's preference order, one job
+  per free slot (FCFS within a queue); a head it cannot fit waits for room;
 - workers are ready cold_start_s after launch, billed from launch until removed; scale-in
   drains (no new jobs; removed when the last one finishes).
 Event order at one instant: completions and ready workers, then arrivals, then the policy.
@@ -20,10 +21,10 @@ from typing import Protocol
 
 from infra.fleet.fleet_config import FleetConfig, PoolConfig
 from infra.sim.results import PolicyResult, measure
+from infra.sim.routing import Routing
 from infra.sim.service_model import ServiceModel
 from infra.sim.traces import Job
 from infra.sim.worker import SimWorker
-from infra.wire.protocol import BUCKETS
 
 _FINISH, _READY = 0, 1
 
@@ -52,8 +53,8 @@ class SimConfig:
 
 
 class Simulation:
-    """One run of one policy over one trace. Policies read backlog, live, served_rate and
-    model_rate, and act through launch and drain."""
+    """One run of one policy over one trace. Policies read backlog, live, model_rate,
+    queues and routing (each pool's home queues), and act through launch and drain."""
 
     def __init__(
         self,
@@ -66,14 +67,10 @@ class Simulation:
         self.fleet, self.models, self.cfg = fleet, models, config or SimConfig()
         self.jobs = sorted(jobs, key=lambda j: j.arrival)
         self.duration = max(duration_s, self.jobs[-1].arrival if self.jobs else 0.0)
-        self.home = {b: fleet.home_pool(b).name for b in BUCKETS}
-        self.servers = {  # pools serving each bucket, most preferring first
-            b: sorted((p for p in fleet.pools.values() if b in p.buckets),
-                      key=lambda p: p.buckets.index(b))
-            for b in BUCKETS
-        }  # fmt: skip
-        self.queues: dict[str, deque[Job]] = {b: deque() for b in BUCKETS}
-        self.queued_tokens = dict.fromkeys(BUCKETS, 0)
+        self.routing = r = Routing(fleet)
+        self.home, self.servers = r.home, r.servers  # per queue: home pool, serving pools
+        self.queues: dict[str, deque[Job]] = {q: deque() for q in r.all_queues}
+        self.queued_tokens = dict.fromkeys(r.all_queues, 0)
         self.pool_workers: dict[str, list[SimWorker]] = {p: [] for p in fleet.pools}
         self.all_workers: list[SimWorker] = []
         self.events: list[tuple[float, int, int, SimWorker, int]] = []
@@ -82,30 +79,23 @@ class Simulation:
         self.unfinished = 0
         self.last_finish = 0.0
         self.timeline: list[tuple[float, int]] = [(0.0, 0)]
-        self.arrived_tokens = dict.fromkeys(BUCKETS, 0)  # monotonic, as infra/wire/backlog.py
+        self.arrived_tokens = dict.fromkeys(r.all_queues, 0)  # monotonic, as wire/backlog.py
         self.arrived_sums = {p: [0.0] * 6 for p in fleet.pools}  # per home pool: full_rate_of
-        self._check_fits()
-
-    def _check_fits(self) -> None:
-        for n, job in enumerate(self.jobs, 1):
-            room = max(self.models[p.name].kv_tokens for p in self.servers[job.bucket])
-            if job.work > room:
-                raise ValueError(
-                    f"job {n} (arrival {job.arrival:g}s): prompt + max_tokens = {job.work} "
-                    f"exceeds the KV room of every pool serving {job.bucket} (at most {room})"
-                )
+        r.check_jobs(self.jobs, {name: m.kv_tokens for name, m in models.items()})
+        self.queue_of = {job.idx: r.queue_of(job) for job in self.jobs}
 
     # -- what policies see and do ----------------------------------------------------------
 
     def backlog(self, pool: str, now: float) -> tuple[int, int, float]:
-        """Queued jobs, their prompt + max tokens, and the oldest one's age, over home buckets."""
+        """Queued jobs, their prompt + max tokens, and the oldest one's age, over home queues
+        (its model's home buckets)."""
         jobs = tokens = 0
         oldest = 0.0
-        for b in self.fleet.home_buckets(pool):
-            q = self.queues[b]
+        for name in self.routing.home_queues[pool]:
+            q = self.queues[name]
             if q:
                 jobs += len(q)
-                tokens += self.queued_tokens[b]
+                tokens += self.queued_tokens[name]
                 oldest = max(oldest, now - q[0].arrival)
         return jobs, tokens, oldest
 
@@ -120,7 +110,9 @@ class Simulation:
     def launch(self, pool: PoolConfig, count: int, now: float, cold: bool = True) -> None:
         for _ in range(count):
             wid = f"{pool.name}-{len(self.all_workers)}"
-            w = SimWorker(wid, pool, self.models[pool.name], now, pool.cold_start_s if cold else 0)
+            cold_s = pool.cold_start_s if cold else 0
+            queues = self.routing.queues[pool.name]
+            w = SimWorker(wid, pool, self.models[pool.name], queues, now, cold_s)
             self.all_workers.append(w)
             self.pool_workers[pool.name].append(w)
             if w.state == "starting":
@@ -188,15 +180,15 @@ class Simulation:
 
     def _arrive(self, job: Job, now: float) -> None:
         self.unfinished += 1
-        self.arrived_tokens[job.bucket] += job.work
-        home = self.home[job.bucket]
+        queue = self.queue_of[job.idx]
+        self.arrived_tokens[queue] += job.work
+        home = self.home[queue]
         self.models[home].add_to(self.arrived_sums[home], job)
-        if self.queues[job.bucket]:
-            self._enqueue(job)  # FCFS: no worker could take the head, so it waits behind
+        if self.queues[queue]:
+            self._enqueue(job, queue)  # FCFS: no worker could take the head, so it waits behind
             return
-        for pool in self.servers[job.bucket]:
-            ahead = pool.buckets[: pool.buckets.index(job.bucket)]
-            if any(self.queues[b] for b in ahead):
+        for pool, ahead in self.servers[queue]:
+            if any(self.queues[q] for q in ahead):
                 continue  # its workers would take those first
             free = [
                 w for w in self.pool_workers[pool.name] if w.state == "ready" and w.can_take(job)
@@ -207,11 +199,11 @@ class Simulation:
                 self._start(w, job, now)
                 self._reschedule(w, now)
                 return
-        self._enqueue(job)
+        self._enqueue(job, queue)
 
-    def _enqueue(self, job: Job) -> None:
-        self.queues[job.bucket].append(job)
-        self.queued_tokens[job.bucket] += job.work
+    def _enqueue(self, job: Job, queue: str) -> None:
+        self.queues[queue].append(job)
+        self.queued_tokens[queue] += job.work
 
     def _start(self, w: SimWorker, job: Job, now: float) -> None:
         cost = w.model.job_costs(job)
@@ -224,15 +216,15 @@ class Simulation:
         self.start[job.idx] = now
 
     def _fill(self, w: SimWorker, now: float) -> None:
-        """Take jobs while there is a free slot: the head of the first non-empty bucket."""
+        """Take jobs while there is a free slot: the head of the first non-empty queue."""
         while w.state == "ready" and len(w.heap) < w.model.max_num_seqs:
-            for b in w.buckets:
-                q = self.queues[b]
+            for name in w.queues:
+                q = self.queues[name]
                 if q:
                     if not w.can_take(q[0]):
                         return  # it waits for room; the worker holds its place
                     job = q.popleft()
-                    self.queued_tokens[b] -= job.work
+                    self.queued_tokens[name] -= job.work
                     self._start(w, job, now)
                     break
             else:
@@ -280,6 +272,5 @@ class Simulation:
         self._mark(now)
 
     def _result(self, name: str, end: float) -> PolicyResult:
-        billed = sum(min(w.removed, end) - w.launched for w in self.all_workers)
         waits = [self.start[j.idx] - j.arrival for j in self.jobs]
-        return measure(name, self.fleet, self.jobs, waits, billed, self.timeline, end)
+        return measure(name, self.routing, self.jobs, waits, self.all_workers, self.timeline, end)

@@ -1,15 +1,18 @@
 """The simulator's jobs: the seeded built-in traces (diurnal, mixed) and job trace files
-(read by infra/traces.py), bucketed as the gateway buckets them (docs/simulator.md)."""
+(read by infra/traces.py), each job of one of the fleet's models (infra/sim/models.py) and
+bucketed as the gateway buckets it, with its model's thresholds (docs/simulator.md)."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from infra.settings import get_settings
+from infra.sim.models import FleetModels, SimModel
 from infra.traces import TraceError, read_job_trace
 from infra.wire.protocol import bucket_for
 
@@ -26,46 +29,78 @@ BURST_FACTOR = 1.5
 
 
 class Job:
-    __slots__ = ("arrival", "bucket", "idx", "max_tokens", "output_tokens", "prompt_tokens", "work")
+    __slots__ = (
+        "arrival", "bucket", "idx", "max_tokens", "model", "output_tokens", "prompt_tokens", "work",
+    )  # fmt: skip
 
     def __init__(
         self, idx: int, arrival: float, prompt_tokens: int, max_tokens: int,
-        output_tokens: int, bucket: str,
+        output_tokens: int, bucket: str, model: str | None = None,
     ) -> None:  # fmt: skip
         self.idx, self.arrival, self.bucket = idx, arrival, bucket
+        self.model = model  # its pools' model key (SimModel.key); None: the fleet's default
         self.prompt_tokens, self.max_tokens = prompt_tokens, max_tokens
         self.output_tokens = output_tokens  # what it really generates (<= max_tokens)
         self.work = prompt_tokens + max_tokens  # what the queues count as backlog
 
 
-def make_jobs(rows: list[tuple[float, int, int, int]]) -> list[Job]:
-    """(arrival, prompt, max_tokens, output) rows -> jobs in arrival order, bucketed."""
+def make_jobs(
+    rows: Sequence[tuple[float, int, int, int]], models: Sequence[SimModel] | None = None
+) -> list[Job]:
+    """(arrival, prompt, max_tokens, output) rows -> jobs in arrival order, bucketed; with
+    `models` (one per row), of those models with their thresholds, else of the fleet's
+    default model with the settings' thresholds."""
     s = get_settings()
     short_max, medium_max = s.bucket_short_max, s.bucket_medium_max
-    rows = sorted(rows, key=lambda r: r[0])
-    return [
-        Job(i, t, p, m, o, bucket_for(p + m, short_max, medium_max))
-        for i, (t, p, m, o) in enumerate(rows)
-    ]
+    order = sorted(range(len(rows)), key=lambda i: rows[i][0])
+    jobs = []
+    for n, i in enumerate(order):
+        t, p, m, o = rows[i]
+        if models is None:
+            jobs.append(Job(n, t, p, m, o, bucket_for(p + m, short_max, medium_max)))
+        else:
+            model = models[i]
+            jobs.append(Job(n, t, p, m, o, model.bucket(p + m), model.key))
+    return jobs
 
 
-def load_trace(path: str | Path, hours: float | None = None) -> tuple[list[Job], float]:
+def load_trace(
+    path: str | Path, hours: float | None = None, models: FleetModels | None = None
+) -> tuple[list[Job], float]:
     """A job trace file's jobs (those in the first `hours`, when given) and its length in
-    seconds: `hours`, else the last arrival."""
+    seconds: `hours`, else the last arrival. Each line's `model` is resolved among the
+    fleet's `models` (absent: the default); without them, a line may name none."""
     p = Path(path)
-    rows = [
-        (r.arrival_s, r.prompt_tokens, r.max_tokens, r.output_tokens)
-        for r in read_job_trace(p)
-        if hours is None or r.arrival_s <= hours * 3600
-    ]
+    rows, of = [], []
+    for r in read_job_trace(p):
+        model = None
+        if models is not None:  # every line, those past `hours` too: a typo is an error
+            model = models.resolve(r.model)
+            if model is None:
+                raise TraceError(f"{p}:{r.line}: {models.not_served(r.model)}")
+        elif r.model is not None:
+            raise TraceError(f"{p}:{r.line}: model {r.model!r}: no fleet's models to resolve it")
+        if hours is None or r.arrival_s <= hours * 3600:
+            rows.append((r.arrival_s, r.prompt_tokens, r.max_tokens, r.output_tokens))
+            if model is not None:
+                of.append(model)
     if not rows:
         raise TraceError(f"trace {p}: no jobs" + (f" in the first {hours:g} h" if hours else ""))
-    jobs = make_jobs(rows)
+    jobs = make_jobs(rows, of if models is not None else None)
     return jobs, hours * 3600 if hours is not None else jobs[-1].arrival
 
 
-def builtin_trace(name: str, seed: int, hours: float | None = None) -> tuple[list[Job], float]:
-    """A seeded built-in trace and its length in seconds (docs/simulator.md describes both)."""
+def builtin_trace(
+    name: str,
+    seed: int,
+    hours: float | None = None,
+    mix: dict[str, float] | None = None,
+    models: FleetModels | None = None,
+) -> tuple[list[Job], float]:
+    """A seeded built-in trace and its length in seconds (docs/simulator.md describes both).
+    With the fleet's `models`, each job is the default model's, or drawn from `mix` (model
+    name -> share, `--models a:0.7,b:0.3`) with a generator of its own, so the arrivals and
+    lengths are the same whatever the mix."""
     if name not in TRACES:
         raise ValueError(f"unknown trace {name!r}; built in: {', '.join(TRACES)} (or FILE.jsonl)")
     hours = hours if hours is not None else (24.0 if name == "diurnal" else 6.0)
@@ -112,7 +147,30 @@ def builtin_trace(name: str, seed: int, hours: float | None = None) -> tuple[lis
             is_long, _lognormal(rng, n, 800, 0.4, 200, 2000), _lognormal(rng, n, 200, 0.5, 16, 540)
         )
     rows = [(float(t), int(p), int(o), int(o)) for t, p, o in zip(times, prompt, out, strict=True)]
-    return make_jobs(rows), span
+    if models is None:
+        if mix:
+            raise ValueError("--models needs the fleet's models")
+        return make_jobs(rows), span
+    return make_jobs(rows, draw_models(models, mix, seed, n)), span
+
+
+def draw_models(
+    models: FleetModels, mix: dict[str, float] | None, seed: int, n: int
+) -> list[SimModel]:
+    """n jobs' models: each drawn from the mix's shares (seeded), or all the default."""
+    if not mix:
+        return [models.default] * n
+    chosen = []
+    for name, share in mix.items():
+        model = models.resolve(name)
+        if model is None:
+            raise ValueError(f"--models: {models.not_served(name)}")
+        if isinstance(share, bool) or not 0 < share < math.inf:
+            raise ValueError(f"--models: shares must be > 0, got {name}={share}")
+        chosen.append(model)
+    shares = np.array(list(mix.values()), dtype=float)
+    picks = np.random.default_rng([seed, 1]).choice(len(chosen), size=n, p=shares / shares.sum())
+    return [chosen[i] for i in picks]
 
 
 def _lognormal(rng: Any, n: int, median: float, sigma: float, low: int, high: int) -> Any:

@@ -14,13 +14,17 @@ class SimWorker:
     tokens per job so far), so a batch change costs one heap push, not a pass over jobs."""
 
     __slots__ = (
-        "buckets", "flop", "heap", "idle_since", "kv_used", "launched", "mem", "model",
-        "pool", "prefill", "ready_at", "removed", "served", "state", "t_last",
+        "flop", "heap", "idle_since", "kv_used", "launched", "mem", "model", "pool",
+        "prefill", "queues", "ready_at", "removed", "served", "state", "t_last",
         "version", "vt", "wid",
     )  # fmt: skip
 
-    def __init__(self, wid: str, pool: PoolConfig, model: ServiceModel, now: float, cold: float):
-        self.wid, self.pool, self.model, self.buckets = wid, pool.name, model, pool.buckets
+    def __init__(
+        self, wid: str, pool: PoolConfig, model: ServiceModel, queues: list[str], now: float,
+        cold: float,
+    ) -> None:  # fmt: skip
+        self.wid, self.pool, self.model = wid, pool.name, model
+        self.queues = queues  # its model's queues of its pool's buckets, in preference order
         self.launched, self.ready_at, self.removed = now, now + cold, math.inf
         self.state = "starting" if cold > 0 else "ready"
         self.heap: list[tuple[float, int, Job, tuple[float, float, float]]] = []

@@ -44,6 +44,7 @@ class Heartbeat:
     idle_since: float | None = None  # unix time it last became idle; None while busy
     instance_id: str = ""  # EC2 instance id (TIDE_INSTANCE_ID), "" elsewhere
     metrics_url: str = ""
+    cold_start_s: float | None = None  # process start to serving (worker/boot.py)
     at: float = 0.0  # unix time of the beat
 
     @property
@@ -55,8 +56,12 @@ class Heartbeat:
         repr, draining 1/0, idle_since "" while busy; buckets comma-separated."""
         out = {f.name: encode_value(getattr(self, f.name)) for f in fields(self)}
         out["buckets"] = ",".join(self.buckets)
-        if not self.model:  # a one-model fleet's worker writes the hash it always wrote
+        # Fields newer than the hash's first form are left out while unset, so a worker
+        # that has none writes the hash it always wrote.
+        if not self.model:
             del out["model"]
+        if self.cold_start_s is None:
+            del out["cold_start_s"]
         return out
 
     @classmethod
@@ -82,6 +87,7 @@ class Heartbeat:
             idle_since=float(f["idle_since"]) if "idle_since" in f else None,
             instance_id=f.get("instance_id", ""),
             metrics_url=f.get("metrics_url", ""),
+            cold_start_s=float(f["cold_start_s"]) if "cold_start_s" in f else None,
             at=float(f.get("at", 0.0)),
         )
 

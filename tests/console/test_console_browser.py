@@ -17,6 +17,7 @@ import pytest
 pytest.importorskip("selenium", reason="selenium (the dev extras) drives the browser tests")
 
 from selenium.webdriver.common.by import By
+from selenium.webdriver.support.ui import Select
 
 from tests.conftest import ROOT
 from tests.console.driver import Console
@@ -94,12 +95,39 @@ def test_playground_streams_an_answer(console):
     assert console.text("#pg-status") == "completed"
     assert console.text("#pg-bucket") == "short"
     assert console.text("#pg-ttft").endswith(("ms", "s"))
+    served = _served_options(console, "#pg-model")  # from /v1/models, the default first
+    assert console.attr("#pg-model-used", "title") == served[0]  # the job named its model
     answer = console.text("#pg-output")
     assert answer.strip()
     pieces = d.execute_script("return window.__pieces")
     assert len(set(pieces)) >= 2 and pieces == sorted(pieces), pieces  # streamed, growing
     console.screenshot("playground-answer")
     assert console.errors() == []
+
+
+def _served_options(console, css):
+    """The select's models once /v1/models filled it (its cards' titles count warm workers)."""
+
+    def filled():
+        options = console.d.find_elements(By.CSS_SELECTOR, f"{css} option")
+        return [o.get_attribute("value") for o in options
+                if "warm workers" in (o.get_attribute("title") or "")]  # fmt: skip
+
+    return console.wait(filled, f"{css} filled from /v1/models")
+
+
+def _the_model_filter_narrows_the_list(console, job_id):
+    row = f"tr[data-job='{job_id}']"
+    model = console.attr(row, "data-model")
+    assert model in _served_options(console, "select[name=model]")
+    console.d.execute_script(  # a model none of the jobs ran on
+        "document.querySelector('select[name=model]').append(new Option('x', 'no-such-model'))"
+    )
+    select = Select(console.d.find_element(By.CSS_SELECTOR, "select[name=model]"))
+    select.select_by_value("no-such-model")
+    console.wait(lambda: not console.visible(row) and console.visible("#main td.empty"), "none")
+    select.select_by_value(model)
+    console.wait(lambda: console.visible(row), "the job back under its model")
 
 
 def _row_status(console, job_id):
@@ -204,6 +232,7 @@ def test_tenant_a_never_sees_tenant_b(console, console_fleet):
     time.sleep(1.6)  # one more poll
     source = console.d.page_source
     assert not any(j in source for j in b_jobs)
+    _the_model_filter_narrows_the_list(console, a_job)
     console.go(f"jobs/{b_jobs[0]}")
     console.wait(lambda: "not found" in console.text(".status-line"), "B's job refused")
     console.go("fleet")  # tenant A holds no operator key: no fleet-wide view

@@ -45,13 +45,22 @@ def test_engine_figures_from_a_workers_metrics():
 
 def test_arrival_rates_over_a_window():
     rates = ArrivalRates()
-    assert rates.update(100.0, "short", 10, 1000) is None  # one reading: no rate yet
-    assert rates.update(101.0, "short", 12, 1200) is None  # under the minimum span
-    assert rates.update(104.0, "short", 18, 1800) == (2.0, 200.0)
-    assert rates.update(104.1, "short", 19, 1900) == approx((9 / 4.1, 900 / 4.1))  # no new point
+    short = ("m", "short")
+    assert rates.update(100.0, short, 10, 1000) is None  # one reading: no rate yet
+    assert rates.update(101.0, short, 12, 1200) is None  # under the minimum span
+    assert rates.update(104.0, short, 18, 1800) == (2.0, 200.0)
+    assert rates.update(104.1, short, 19, 1900) == approx((9 / 4.1, 900 / 4.1))  # no new point
     # Past the window the oldest points go: the rate is over the last 96 s, not 100.
-    assert rates.update(200.0, "short", 30, 3000) == approx((12 / 96, 1200 / 96))
-    assert rates.update(203.0, "short", 5, 500) is None  # counters reset: start again
+    assert rates.update(200.0, short, 30, 3000) == approx((12 / 96, 1200 / 96))
+    assert rates.update(203.0, short, 5, 500) is None  # counters reset: start again
+
+
+def test_each_models_bucket_has_its_own_rate():
+    rates = ArrivalRates()
+    assert rates.update(100.0, ("a", "short"), 0, 0) is None
+    assert rates.update(100.0, ("b", "short"), 50, 5000) is None  # not a reset of a's
+    assert rates.update(104.0, ("a", "short"), 8, 800) == (2.0, 200.0)
+    assert rates.update(104.0, ("b", "short"), 50, 5000) == (0.0, 0.0)
 
 
 def test_the_scraper_answers_at_once_and_refreshes_in_the_background():

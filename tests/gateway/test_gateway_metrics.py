@@ -65,6 +65,7 @@ def test_backlog_per_bucket_is_read_at_scrape_time(redis_server, redis_client, t
             assert c.post("/v1/jobs", json=job(max_tokens), headers=A).status_code == 202
         s = Scrape.parse(c.get("/metrics").text)
         assert s.by_label("tide:backlog_jobs", "bucket") == {"short": 2, "medium": 1, "long": 0}
+        assert s.by_label("tide:backlog_jobs", "model") == {str(tiny_path): 3}  # its served name
         tokens = s.by_label("tide:backlog_tokens", "bucket")
         assert tokens == {"short": 17 + 8 + 17 + 10, "medium": 117, "long": 0}
         ages = s.by_label("tide:backlog_oldest_job_age_seconds", "bucket")
@@ -75,3 +76,41 @@ def test_backlog_per_bucket_is_read_at_scrape_time(redis_server, redis_client, t
         redis_client.delete("tide:backlog:short")  # taken by a worker, say
         s = Scrape.parse(c.get("/metrics").text)
         assert s.by_label("tide:backlog_jobs", "bucket")["short"] == 0
+
+
+def test_backlog_series_are_labelled_by_model_and_bucket():
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from gateway.metrics import BacklogCollector
+    from infra.wire.backlog import BucketBacklog
+
+    collector, registry = BacklogCollector(), CollectorRegistry()
+    registry.register(collector)
+    collector.latest = {
+        "a": {"short": BucketBacklog(1, 10, 2.0, 7, 70)},
+        "b": {"short": BucketBacklog(5, 50, 9.0, 8, 80)},
+    }
+    s = Scrape.parse(generate_latest(registry).decode())
+    expected = [
+        ("tide:backlog_jobs", 1, 5),
+        ("tide:backlog_tokens", 10, 50),
+        ("tide:backlog_oldest_job_age_seconds", 2, 9),
+        ("tide:arrived_jobs_total", 7, 8),
+        ("tide:arrived_tokens_total", 70, 80),
+    ]
+    for name, a, b in expected:
+        assert s.total(name, model="a", bucket="short") == a, name
+        assert s.total(name, model="b", bucket="short") == b, name
+
+
+def test_each_served_models_backlog_is_read_at_scrape_time(redis_server, redis_client, tiny_path):
+    models = [{"name": "tiny", "model": str(tiny_path)}, {"name": "other", "model": str(tiny_path)}]
+    with make_client(redis_server, tiny_path, served_models=models) as c:
+        assert c.post("/v1/jobs", json=job() | {"model": "other"}, headers=A).status_code == 202
+        assert c.post("/v1/jobs", json=job(100), headers=A).status_code == 202
+        s = Scrape.parse(c.get("/metrics").text)
+        assert s.total("tide:backlog_jobs", model="other", bucket="short") == 1
+        assert s.total("tide:backlog_jobs", model="tiny", bucket="medium") == 1
+        assert s.total("tide:backlog_jobs", model="tiny", bucket="short") == 0
+        assert s.total("tide:backlog_tokens", model="other", bucket="short") == 17 + 8
+        assert s.by_label("tide:backlog_jobs", "model") == {"tiny": 1, "other": 1}

@@ -169,11 +169,17 @@ class Receiver:
     def __init__(self, statuses: list[int] | None = None) -> None:
         self.statuses = list(statuses or [])
         self.calls: list[tuple[dict[str, str], bytes]] = []
+        self.truncated = 0  # requests whose body ended before content-length
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers["content-length"]))
+                length = int(self.headers["content-length"])
+                body = self.rfile.read(length)
+                if len(body) < length:  # the sender died mid-request: no delivery, no answer
+                    receiver.truncated += 1
+                    self.close_connection = True
+                    return
                 receiver.calls.append(({k.lower(): v for k, v in self.headers.items()}, body))
                 code = receiver.statuses.pop(0) if receiver.statuses else 200
                 self.send_response(code)

@@ -39,3 +39,7 @@ def test_worker_endpoints_and_doctor_on_a_live_fleet(api, fleet, fleet_redis, ca
     report = json.loads(capsys.readouterr().out)
     assert urls and report["gateway"] and len(report["workers"]) >= 1
     assert not [e for e in report["errors"] if "worker" in e], report["errors"]
+    # The workers' heartbeats and the gateway's backlog name the model alike: the doctor
+    # matches each queue with the workers of its own model.
+    gateway = Scrape.parse(httpx.get(f"{fleet.url}/metrics", timeout=5).text)
+    assert set(report["models"]) == set(gateway.by_label("tide:backlog_jobs", "model")) != {""}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,12 +57,21 @@ class BatchWorld:
 
 
 @pytest.fixture
-def world(redis_client, tiny_path, tmp_path, monkeypatch) -> BatchWorld:
-    settings = Settings(model=str(tiny_path), batch_retry_seconds=60.0)
-    h = Handles(
-        settings, redis_client, BatchStore(redis_client),
-        FileStore(redis_client, LocalStorage(tmp_path / "files")), JobStore(redis_client),
-    )  # fmt: skip
-    for module in (validate, supervise, finalize):
-        monkeypatch.setattr(module, "handles", lambda: h)
-    return BatchWorld(h)
+def make_world(redis_client, tmp_path, monkeypatch) -> Callable[[Settings], BatchWorld]:
+    """A batch world whose tasks see `settings` (say, a fleet serving several models)."""
+
+    def make(settings: Settings) -> BatchWorld:
+        h = Handles(
+            settings, redis_client, BatchStore(redis_client),
+            FileStore(redis_client, LocalStorage(tmp_path / "files")), JobStore(redis_client),
+        )  # fmt: skip
+        for module in (validate, supervise, finalize):
+            monkeypatch.setattr(module, "handles", lambda: h)
+        return BatchWorld(h)
+
+    return make
+
+
+@pytest.fixture
+def world(make_world, tiny_path) -> BatchWorld:
+    return make_world(Settings(model=str(tiny_path), batch_retry_seconds=60.0))

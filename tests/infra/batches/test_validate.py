@@ -7,6 +7,7 @@ import json
 import pytest
 
 from infra.batches.validate import MAX_FILE_ERRORS, check_envelopes, fan_out, validate_batch
+from infra.wire.models import catalog
 from infra.wire.protocol import JobStatus, Keys, Priority
 from tests.infra.batches.conftest import line
 
@@ -15,7 +16,9 @@ OK = {"prompt": "Once upon a time", "max_tokens": 4}
 
 def _errors(world, text: str, endpoint: str = "/v1/completions", max_lines: int = 100):
     file = world.upload(text)
-    return check_envelopes(world.h.files, file, endpoint, max_lines)
+    return check_envelopes(
+        world.h.files, file, endpoint, max_lines, catalog(world.h.settings)
+    ).errors
 
 
 def test_a_good_file_has_no_errors(world):
@@ -78,9 +81,10 @@ def test_fan_out_twice_duplicates_nothing(world):
     batch_id = world.new_batch("\n".join(line(f"r{i}", OK) for i in range(3)))
     batch = world.h.batches.get(batch_id)
     file = world.h.files.get(batch["input_file_id"])
-    assert fan_out(batch, file) == 3
+    model = catalog(world.h.settings).default
+    assert fan_out(batch, file, model) == 3
     first = world.h.batches.lines(batch_id)
-    assert fan_out(batch, file) == 3
+    assert fan_out(batch, file, model) == 3
     assert world.h.batches.lines(batch_id) == first
     assert len(set(first.values())) == 3
 

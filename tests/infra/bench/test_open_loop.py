@@ -43,3 +43,29 @@ def test_every_request_is_sent_read_and_counted_after_the_warmup():
     assert len(result.warm_latencies) == 4 and len(result.latencies) == 16
     assert sum(result.codes.values()) == 16 and set(result.codes) <= {202, 429}
     assert result.elapsed > 0 and result.per_s(202) > 0
+
+
+def test_a_list_of_bodies_is_sent_in_turn():
+    seen: list[dict] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:
+            seen.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            self.send_response(202)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    bodies = [{"model": "a"}, {"model": "b"}, {"model": "c"}]
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        asyncio.run(post_open_loop(url, "/v1/jobs", bodies, rate=400, n=9, concurrency=1))
+    finally:
+        server.shutdown()
+    assert seen == bodies * 3  # one connection: in order

@@ -56,7 +56,8 @@ def test_every_queried_series_is_exposed():
 
 def test_doctor_reads_only_exposed_series():
     # The modules that name series: the rules and the snapshot queries they use.
-    source = "".join((ROOT / "infra/doctor" / f).read_text() for f in ("rules.py", "snapshot.py"))
+    files = ("queue_rules.py", "bottleneck_rules.py", "findings.py", "queues.py", "snapshot.py")
+    source = "".join((ROOT / "infra/doctor" / f).read_text() for f in files)
     used = set(NAME.findall(source))
     assert {"tide:kv_cache_usage_perc", "process_cpu_seconds_total"} <= used
     names = all_exposed()

@@ -59,10 +59,15 @@ def test_cli_mixed_json_and_plot(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert set(out) == {"policies"}
     assert set(out["policies"]) == {"tide", "list_length", "static_peak"}
     keys = {"gpu_hours", "p50_wait_s", "p99_wait_s", "p99_wait_short_s", "slo_attainment",
-            "peak_workers"}  # fmt: skip
+            "peak_workers", "models"}  # fmt: skip
     for figures in out["policies"].values():
         assert set(figures) == keys
         assert figures["gpu_hours"] > 0 and 0 <= figures["slo_attainment"] <= 1
+        # One model (the example's pools name none): its figures are the totals.
+        (model,) = figures["models"].values()
+        assert set(figures["models"]) == {"default"}
+        assert model["gpu_hours"] == figures["gpu_hours"]
+        assert model["p99_wait_s"] == figures["p99_wait_s"]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

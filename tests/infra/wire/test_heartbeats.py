@@ -51,6 +51,9 @@ def test_round_trip():
     assert Heartbeat.from_hash(idle.to_hash()) == idle
     assert BEAT.to_hash()["draining"] == "1" and idle.to_hash()["idle_since"] == "1712345600.5"
     assert idle.to_hash()["buckets"] == "" and BEAT.to_hash()["buckets"] == "short,medium"
+    started = Heartbeat(worker_id="w", model="b", cold_start_s=3.25)
+    assert started.to_hash()["cold_start_s"] == "3.25"
+    assert Heartbeat.from_hash(started.to_hash()) == started
 
 
 def test_fields_an_older_worker_did_not_write_take_their_defaults():

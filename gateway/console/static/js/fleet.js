@@ -1,10 +1,11 @@
-// Fleet (operator keys): per bucket the queue, per pool workers by state and the
-// controller's decisions, per worker its engine; plots of the last minutes. Polls
-// /console/api/fleet every second.
+// Fleet (operator keys): per model its totals, per (model, bucket) the queue, per pool its
+// model and workers by state and the controller's decisions, per worker its model and
+// engine; plots of the last minutes. Polls /console/api/fleet every second.
 
 import { api, ApiError, poll } from "./api.js";
 import { ago, badge, dur, h, num, pct, replace, table } from "./dom.js";
 import { TimeChart } from "./charts.js";
+import { label } from "./models.js";
 
 const POLL_MS = 1000;
 
@@ -19,12 +20,14 @@ export function mount(main, ctx) {
   const totals = h("div", { class: "cards" });
   const plots = h("div", { class: "plots" });
   const sections = {
-    buckets: h("div"), pools: h("div"), decisions: h("div"), workers: h("div"), tenants: h("div"),
+    models: h("div"), buckets: h("div"), pools: h("div"), decisions: h("div"), workers: h("div"),
+    tenants: h("div"),
   };
   replace(main,
     h("div", { class: "page-head" }, h("h2", {}, "Fleet"), status),
     totals, plots,
-    h("h3", {}, "Queues by bucket"), sections.buckets,
+    h("h3", {}, "Models"), sections.models,
+    h("h3", {}, "Queues by model and bucket"), sections.buckets,
     h("h3", {}, "Pools"), sections.pools,
     h("h3", {}, "Controller decisions"), sections.decisions,
     h("h3", {}, "Workers"), sections.workers,
@@ -48,7 +51,7 @@ export function mount(main, ctx) {
     const desired = data.pools.reduce((a, p) => a + (p.desired ?? p.actual), 0);
     addPoint(charts, data.at, data.totals.queued, live, desired, data.totals.tokens_per_s);
     draw(sections, totals, data);
-    status.textContent = `live · ${data.model} · updated ${new Date(data.at * 1000).toLocaleTimeString()}`;
+    status.textContent = `live · ${modelsLine(data.models)} · updated ${new Date(data.at * 1000).toLocaleTimeString()}`;
     status.classList.remove("error");
   }
   poll(tick, POLL_MS, ctx.signal, (err) => {
@@ -63,8 +66,18 @@ function addPoint(charts, t, queued, workers, desired, tokens) {
   charts[2].push(t, [tokens]);
 }
 
-function card(label, value) {
-  return h("div", { class: "card" }, h("div", { class: "value" }, value), h("div", { class: "label" }, label));
+function card(name, value) {
+  return h("div", { class: "card" }, h("div", { class: "value" }, value), h("div", { class: "label" }, name));
+}
+
+function modelsLine(models) {
+  const served = models.filter((m) => m.queued !== null);
+  return served.length === 1 ? label(served[0].model) : `${served.length} models`;
+}
+
+// A model's cell: the last part of a path, all of it in the title.
+function modelCell(model) {
+  return h("td", { class: "model", title: model || "" }, label(model));
 }
 
 function draw(s, totals, data) {
@@ -73,17 +86,22 @@ function draw(s, totals, data) {
     card("workers (with heartbeat)", num(data.totals.workers)),
     card("tokens / s", num(data.totals.tokens_per_s, 1)),
     card("pools", num(data.pools.length)));
+  replace(s.models, table(["model", "queued", "workers (with heartbeat)", "tokens / s"],
+    data.models.map((m) => h("tr", { dataset: { model: m.model } },
+      h("td", { title: m.model }, label(m.model), m.default ? " (default)" : ""),
+      h("td", { class: "queued" }, m.queued === null ? "not served here" : num(m.queued)),
+      h("td", { class: "workers" }, num(m.workers)), h("td", {}, num(m.tokens_per_s, 1))))));
   replace(s.buckets, table(
-    ["bucket", "queued", "interactive msgs", "batch msgs", "backlog tokens", "oldest wait", "arrivals / s", "tokens / s in"],
-    data.buckets.map((b) => h("tr", { dataset: { bucket: b.bucket } },
-      h("td", {}, b.bucket), h("td", { class: "queued" }, num(b.queued)),
+    ["model", "bucket", "queued", "interactive msgs", "batch msgs", "backlog tokens", "oldest wait", "arrivals / s", "tokens / s in"],
+    data.buckets.map((b) => h("tr", { dataset: { model: b.model, bucket: b.bucket } },
+      modelCell(b.model), h("td", {}, b.bucket), h("td", { class: "queued" }, num(b.queued)),
       h("td", {}, num(b.queue_depth.interactive)), h("td", {}, num(b.queue_depth.batch)),
       h("td", {}, num(b.backlog_tokens)), h("td", {}, b.queued ? dur(b.oldest_age_s) : "–"),
       h("td", {}, num(b.arrival_jobs_per_s, 2)), h("td", {}, num(b.arrival_tokens_per_s, 1))))));
   replace(s.pools, table(
-    ["pool", "buckets", "starting", "idle", "busy", "draining", "actual", "desired", "last decision"],
-    data.pools.map((p) => h("tr", { dataset: { pool: p.pool } },
-      h("td", {}, p.pool), h("td", {}, p.buckets.join(", ") || "–"),
+    ["pool", "model", "buckets", "starting", "idle", "busy", "draining", "actual", "desired", "last decision"],
+    data.pools.map((p) => h("tr", { dataset: { pool: p.pool, model: p.model || "" } },
+      h("td", {}, p.pool), modelCell(p.model), h("td", {}, p.buckets.join(", ") || "–"),
       h("td", { class: "starting" }, num(p.workers.starting)), h("td", { class: "idle" }, num(p.workers.idle)),
       h("td", { class: "busy" }, num(p.workers.busy)), h("td", { class: "draining" }, num(p.workers.draining)),
       h("td", { class: "actual" }, num(p.actual)), h("td", { class: "desired" }, num(p.desired)),
@@ -95,11 +113,11 @@ function draw(s, totals, data) {
       h("td", {}, `${d.current} → ${d.desired}`), h("td", {}, d.reason))),
     "no scaling decision yet"));
   replace(s.workers, table(
-    ["worker", "pool", "state", "running", "waiting", "free slots", "KV used", "tokens / s", "MFU", "MBU", "prefix hits", "beat"],
-    data.workers.map((w) => h("tr", { dataset: { worker: w.worker_id } },
+    ["worker", "pool", "model", "state", "running", "waiting", "free slots", "KV used", "tokens / s", "MFU", "MBU", "prefix hits", "beat"],
+    data.workers.map((w) => h("tr", { dataset: { worker: w.worker_id, model: w.model } },
       h("td", { title: `${w.host} pid ${w.pid}` }, w.worker_id), h("td", {}, w.pool),
-      h("td", {}, badge(w.state)), h("td", {}, num(w.running)), h("td", {}, num(w.waiting)),
-      h("td", {}, num(w.free_slots)), h("td", {}, kv(w)), h("td", {}, num(w.tokens_per_s, 1)),
+      modelCell(w.model), h("td", {}, badge(w.state)), h("td", {}, num(w.running)),
+      h("td", {}, num(w.waiting)), h("td", {}, num(w.free_slots)), h("td", {}, kv(w)), h("td", {}, num(w.tokens_per_s, 1)),
       h("td", {}, pct(w.mfu)), h("td", {}, pct(w.mbu)), h("td", {}, pct(w.prefix_hit_rate)),
       h("td", {}, `${dur(w.beat_age_s)} ago`))),
     "no live worker (a pool at zero starts one when jobs queue)"));

@@ -3,6 +3,7 @@
 
 import { api, ApiError, isAbort, poll, streamEvents } from "./api.js";
 import { ago, badge, dur, h, num, replace, short, since, table } from "./dom.js";
+import { fillModels, label } from "./models.js";
 
 const STATUSES = ["queued", "in_progress", "completed", "failed", "cancelled", "expired"];
 const BUCKETS = ["short", "medium", "long"];
@@ -24,20 +25,22 @@ function list(main, ctx) {
   const status = h("p", { class: "status-line" }, "loading…");
   const rows = h("div");
   const refresh = () => tick().catch(onError);
+  const models = select("model", ctx.me.models, (e) => { filters.model = e.target.value; refresh(); });
   const form = h("div", { class: "filters" },
     select("status", STATUSES, (e) => { filters.status = e.target.value; refresh(); }),
-    select("bucket", BUCKETS, (e) => { filters.bucket = e.target.value; refresh(); }),
-    select("model", ctx.me.models, (e) => { filters.model = e.target.value; refresh(); }));
+    select("bucket", BUCKETS, (e) => { filters.bucket = e.target.value; refresh(); }), models);
   replace(main, h("div", { class: "page-head" }, h("h2", {}, "Jobs"), status), form, rows);
+  fillModels(models.querySelector("select"), ctx, 1).catch(onError); // after "any"
 
   async function tick() {
     const q = new URLSearchParams(Object.entries(filters).filter(([, v]) => v));
     const data = await api(`/console/api/jobs?${q}`, { signal: ctx.signal });
     replace(rows, table(
-      ["job", "status", "bucket", "priority", "created", "queued for", "TTFT", "took", "tokens", "attempts"],
-      data.data.map((j) => h("tr", { dataset: { job: j.id, status: j.status } },
+      ["job", "status", "model", "bucket", "priority", "created", "queued for", "TTFT", "took", "tokens", "attempts"],
+      data.data.map((j) => h("tr", { dataset: { job: j.id, status: j.status, model: j.model } },
         h("td", {}, h("a", { href: `#/jobs/${encodeURIComponent(j.id)}`, title: j.id }, short(j.id))),
-        h("td", {}, badge(j.status)), h("td", {}, j.bucket), h("td", {}, j.priority),
+        h("td", {}, badge(j.status)), h("td", { title: j.model }, label(j.model)),
+        h("td", {}, j.bucket), h("td", {}, j.priority),
         h("td", {}, ago(j.created_at)), h("td", {}, dur(since(j.created_at, j.started_at))),
         h("td", {}, dur(since(j.created_at, j.first_token_at))),
         h("td", {}, dur(since(j.started_at, j.finished_at))),

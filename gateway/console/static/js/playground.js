@@ -1,13 +1,14 @@
-// Playground: a prompt or a chat, max_tokens and temperature; the answer streams in
-// (POST /v1/jobs, then its SSE events) with the bucket it went to and the time to first
-// token as this page saw it and as the fleet recorded it.
+// Playground: a served model (from GET /v1/models), a prompt or a chat, max_tokens and
+// temperature; the answer streams in (POST /v1/jobs, then its SSE events) with the bucket
+// it went to and the time to first token as this page saw it and as the fleet recorded it.
 
 import { api, isAbort, streamEvents } from "./api.js";
 import { dur, h, num, replace } from "./dom.js";
+import { fillModels, label, modelOption } from "./models.js";
 
 export function mount(main, ctx) {
   const chat = [];
-  const model = h("select", { id: "pg-model" }, ctx.me.models.map((m) => h("option", { value: m, title: m }, m.split("/").pop())));
+  const model = h("select", { id: "pg-model" }, ctx.me.models.map((id) => modelOption({ id })));
   const mode = h("select", { id: "pg-mode" }, h("option", { value: "prompt" }, "prompt"),
     h("option", { value: "chat" }, "chat"));
   const text = h("textarea", { id: "pg-input", rows: 5, placeholder: "Once upon a time" });
@@ -28,6 +29,7 @@ export function mount(main, ctx) {
   replace(main, h("div", { class: "page-head" }, h("h2", {}, "Playground"),
     h("p", { class: "status-line" }, "one job per message, at interactive priority")),
   form, info, h("h3", {}, "Answer"), answer);
+  fillModels(model, ctx).catch(() => {}); // the names /console/api/me gave stay on failure
 
   mode.addEventListener("change", () => {
     chat.length = 0;
@@ -39,8 +41,8 @@ export function mount(main, ctx) {
   form.addEventListener("submit", async (event) => {
     event.preventDefault();
     const input = text.value || text.placeholder;
-    const body = { max_tokens: Number(maxTokens.value), temperature: Number(temperature.value),
-      metadata: { source: "console" } };
+    const body = { model: model.value, max_tokens: Number(maxTokens.value),
+      temperature: Number(temperature.value), metadata: { source: "console" } };
     if (mode.value === "chat") {
       chat.push({ role: "user", content: input });
       body.messages = [...chat];
@@ -71,6 +73,7 @@ export function mount(main, ctx) {
     let pieces = 0;
     const show = (final) => replace(info,
       fact("job", h("a", { href: `#/jobs/${encodeURIComponent(accepted.id)}`, id: "pg-job" }, accepted.id)),
+      fact("model", h("span", { id: "pg-model-used", title: body.model }, label(body.model))),
       fact("bucket", h("span", { id: "pg-bucket" }, accepted.bucket)),
       fact("TTFT (this page)", h("span", { id: "pg-ttft" }, firstMs === null ? "waiting…" : dur(firstMs / 1000))),
       fact("TTFT (fleet)", dur(final?.timings?.ttft_seconds ?? null)),

@@ -1,0 +1,104 @@
+"""The fleet view's queues, per (model, bucket), and its totals per model.
+
+Each served model (infra/wire/models.py) has its own queues and backlog keys, named by its
+lane ('' for the default model). The view reads every lane's backlog in one pipeline
+(infra/wire/backlog.py `read_lanes_async`) and every queue's length with the tenants'
+unfinished-job counters in one more, whatever the number of models. A worker names the
+model it runs in its heartbeat; an older worker names none: it runs the default model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.console.rates import ArrivalRates
+from gateway.deps import StateDep
+from infra.wire.backlog import Lanes, read_lanes_async
+from infra.wire.heartbeats import Heartbeat
+from infra.wire.models import ModelCatalog
+from infra.wire.protocol import BUCKETS, Keys, Priority, queue_name
+
+
+@dataclass(frozen=True)
+class Lane:
+    model: str  # the served name
+    lane: str  # its part of the queue and backlog names ('' for the default model)
+    default: bool
+
+
+def lanes(cat: ModelCatalog) -> list[Lane]:
+    """Every served model, the default first."""
+    return [Lane(m.name, m.lane, m.default) for m in cat.models]
+
+
+def model_of(beat: Heartbeat, cat: ModelCatalog) -> str:
+    """The served name of the model a worker runs: its heartbeat's (an alias resolved; a
+    name this gateway does not serve kept as it is), the default model's when it names none."""
+    served = cat.resolve(beat.model or None)
+    return served.name if served is not None else beat.model
+
+
+async def read_queues(
+    state: StateDep, models: list[Lane], tenants: list[str], now: float
+) -> tuple[Lanes, dict[str, int], list[int]]:
+    """Backlog per lane and bucket, each queue's length, each tenant's unfinished jobs: two
+    round trips (two pipelines)."""
+    backlog = await read_lanes_async(state.aredis, [m.lane for m in models], now)
+    names = [queue_name(b, p, m.lane) for m in models for b in BUCKETS for p in Priority]
+    pipe = state.aredis.pipeline(transaction=False)
+    for name in names:
+        pipe.llen(name)
+    for t in tenants:
+        pipe.get(Keys.tenant_active(t))
+    raw = await pipe.execute()
+    depths = dict(zip(names, (int(v) for v in raw[: len(names)]), strict=True))
+    active = [int(v or 0) for v in raw[len(names) :]]
+    return backlog, depths, active
+
+
+def bucket_rows(
+    models: list[Lane], backlog: Lanes, depths: dict[str, int], rates: ArrivalRates, now: float
+) -> list[dict[str, Any]]:
+    """One row per (model, bucket), models in catalog order."""
+    out = []
+    for m in models:
+        for b in BUCKETS:
+            bl = backlog[m.lane][b]
+            rate = rates.update(now, (m.model, b), bl.arrived_jobs, bl.arrived_tokens)
+            out.append({
+                "model": m.model,
+                "bucket": b,
+                "queued": bl.jobs,
+                "queue_depth": {p.value: depths[queue_name(b, p, m.lane)] for p in Priority},
+                "backlog_tokens": bl.tokens,
+                "oldest_age_s": bl.oldest_age_s,
+                "arrival_jobs_per_s": rate[0] if rate else None,
+                "arrival_tokens_per_s": rate[1] if rate else None,
+            })  # fmt: skip
+    return out
+
+
+def model_rows(
+    models: list[Lane], backlog: Lanes, beats: dict[str, Heartbeat], cat: ModelCatalog
+) -> list[dict[str, Any]]:
+    """Per model: queued jobs, live workers, tokens/s. A model that only a heartbeat names
+    (a worker of a model this gateway does not serve) comes last, its queue unread (null)."""
+    by_model: dict[str, list[Heartbeat]] = {}
+    for beat in beats.values():
+        by_model.setdefault(model_of(beat, cat), []).append(beat)
+    served = {m.model for m in models}
+    rows: list[tuple[str, bool, int | None]] = [
+        (m.model, m.default, sum(bl.jobs for bl in backlog[m.lane].values())) for m in models
+    ]
+    rows += [(name, False, None) for name in sorted(set(by_model) - served)]
+    return [
+        {
+            "model": name,
+            "default": default,
+            "queued": queued,
+            "workers": len(by_model.get(name, [])),
+            "tokens_per_s": sum(b.tokens_per_s for b in by_model.get(name, [])),
+        }
+        for name, default, queued in rows
+    ]

@@ -1,0 +1,177 @@
+"""Two models, one `tide up` fleet, through the official `openai` client (bounded, loopback).
+
+stories260K (served as "stories", float32: its greedy output is llama2.c's reference) and a
+random `dummy:tiny` folder (served as "tiny"), each pool from zero workers: traffic to one
+model starts only its worker; a kill -9 of one model's worker mid-run loses nothing and
+leaves the other model's jobs alone; both pools drain back to zero. The cold-start figures
+(first job to first token from zero, per model) are printed as one JSON line
+(`pytest -s tests/service/test_two_models_live.py`) for the closing note and docs."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import redis
+from openai import OpenAI
+
+from infra.fleet.local_fleet import wait_ready
+from infra.fleet.redis_server import free_port
+from infra.wire.heartbeats import read_heartbeats
+from tests.conftest import ROOT, make_engine, wait_for
+from tests.service.procs import descendants
+from worker.engine import SamplingParams
+
+pytestmark = pytest.mark.slow
+
+POOL = """buckets = ["short", "medium", "long"]
+min_workers = 0
+max_workers = 1
+idle_s = 2
+target_wait_s = 2
+cold_start_s = 2
+tokens_per_s = 200
+"""
+JOBS_PER_MODEL = 10
+fleet_names = {"s260k": "stories", "stories": "stories", "tiny": "tiny"}
+PROMPTS = ["Once upon a time", "The little dog", "Lily wanted to", "One day, a boy", "Tom said"]
+
+
+def fleet_toml(stories: Path, tiny: Path) -> str:
+    return (
+        "[controller]\npoll_interval_s = 0.3\nscale_in_cooldown_s = 1\n\n"
+        f'[pools.s]\nmodel = "{stories}"\nserved_name = "stories"\naliases = ["s260k"]\n{POOL}\n'
+        f'[pools.t]\nmodel = "{tiny}"\nserved_name = "tiny"\n{POOL}'
+    )
+
+
+def workers_of(up: subprocess.Popen, pool: str) -> list[int]:
+    return [
+        p for p, cmd in descendants(up.pid).items()
+        if "infra.cli worker" in cmd and f"--pool {pool} " in f"{cmd} "
+    ]  # fmt: skip
+
+
+def first_token_from_zero(
+    client: OpenAI, model: str, prompt: str, max_tokens: int
+) -> tuple[float, str]:
+    """Seconds from the request to its first streamed token, and the whole text."""
+    t0 = time.monotonic()
+    first, text = None, ""
+    stream = client.completions.create(
+        model=model, prompt=prompt, max_tokens=max_tokens, temperature=0, stream=True
+    )
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].text:
+            first = first or time.monotonic()
+            text += chunk.choices[0].text
+    assert first is not None, f"{model}: no token"
+    return first - t0, text
+
+
+def test_two_models_scale_from_zero_apart_and_survive_a_kill(
+    tmp_path, stories_path, stories_refs, tiny_path
+):
+    (tmp_path / "fleet.toml").write_text(fleet_toml(stories_path, tiny_path))
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TIDE_DATA_DIR": str(tmp_path / "data"),
+           "TIDE_LEASE_SECONDS": "2", "TIDE_REAPER_INTERVAL": "0.3",
+           "TIDE_WORKER_HEARTBEAT_SECONDS": "0.5", "OMP_NUM_THREADS": "1"}  # fmt: skip
+    env.pop("REDIS_URL", None)
+    argv = [sys.executable, "-m", "infra.cli", "-v", "up", "--fleet", str(tmp_path / "fleet.toml"),
+            "--port", str(port), "--dtype", "float32", "--max-num-seqs", "8"]  # fmt: skip
+    log = open(tmp_path / "up.log", "wb")  # noqa: SIM115 - lives with the process
+    up = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    figures: dict[str, float] = {}
+    try:
+        wait_ready(url, timeout=120)
+        client = OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120)
+        assert {m.id for m in client.models.list().data} == {"stories", "tiny"}
+        with pytest.raises(openai.NotFoundError) as err:
+            client.completions.create(model="gpt-4o", prompt="hi", max_tokens=2)
+        assert err.value.code == "model_not_found" and err.value.body["param"] == "model"  # type: ignore[index]
+        assert not workers_of(up, "s") and not workers_of(up, "t"), "both pools start at zero"
+
+        # Model "stories" from zero: only its pool starts; the answer is llama2.c's. Each
+        # worker measured its own start (process start to serving), within that wait.
+        r = redis.Redis.from_url((tmp_path / "data" / "redis.url").read_text())
+
+        def from_zero(model: str, prompt: str, max_tokens: int) -> str:
+            wait, text = first_token_from_zero(client, model, prompt, max_tokens)
+            served = fleet_names[model]
+            (start,) = [b.cold_start_s for b in read_heartbeats(r).values() if b.model == served]
+            assert start is not None and 0 < start < wait, (start, wait)
+            figures[f"{served}_first_token_from_zero_s"] = wait
+            figures[f"{served}_worker_start_s"] = start
+            return text
+
+        ref = stories_refs[0]
+        assert from_zero("s260k", ref["prompt"], ref["max_new_tokens"]) == ref["continuation"]
+        assert not workers_of(up, "t"), "traffic to stories started a tiny worker"
+        from_zero("tiny", "hi", 8)
+
+        # Both models busy; kill -9 the stories worker mid-run.
+        api = httpx.Client(base_url=url, timeout=30)
+        jobs: dict[str, tuple[str, str]] = {}
+        for i in range(JOBS_PER_MODEL):
+            for model in ("stories", "tiny"):
+                body = {"model": model, "prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": 48,
+                        "temperature": 0}  # fmt: skip
+                r = api.post("/v1/jobs", json=body)
+                assert r.status_code == 202, r.text
+                jobs[r.json()["id"]] = (model, body["prompt"])  # type: ignore[assignment]
+
+        def running(model: str) -> bool:
+            return any(
+                api.get(f"/v1/jobs/{j}").json()["status"] == "in_progress"
+                for j, (m, _) in jobs.items() if m == model
+            )  # fmt: skip
+
+        wait_for(lambda: running("stories") and workers_of(up, "s"), 60, what="stories running")
+        os.kill(workers_of(up, "s")[0], signal.SIGKILL)
+
+        def finished() -> dict[str, dict] | None:
+            got = {j: api.get(f"/v1/jobs/{j}").json() for j in jobs}
+            return (
+                got
+                if all(g["status"] not in ("queued", "in_progress") for g in got.values())
+                else None
+            )
+
+        done = wait_for(finished, 180, interval=0.5, what="every job to end")
+        assert {j: g["status"] for j, g in done.items() if g["status"] != "completed"} == {}
+        engines = {"stories": make_engine(stories_path), "tiny": make_engine(tiny_path)}
+        for j, (model, prompt) in jobs.items():
+            engine = engines[model]
+            want = engine.generate([engine.tokenizer.encode(prompt)],
+                                   SamplingParams(max_tokens=48, temperature=0))[0]  # fmt: skip
+            assert done[j]["result"]["text"] == want.text, (model, prompt)
+        attempts = {m: max(done[j]["attempts"] for j, (mm, _) in jobs.items() if mm == m)
+                    for m in ("stories", "tiny")}  # fmt: skip
+        assert attempts["stories"] >= 2 and attempts["tiny"] == 1, attempts  # tiny undisturbed
+
+        # Back to zero, each pool on its own.
+        t0 = time.monotonic()
+        wait_for(lambda: not workers_of(up, "s") and not workers_of(up, "t"), 90, what="zero")
+        figures["drain_to_zero_s"] = round(time.monotonic() - t0, 2)
+        print(json.dumps({k: round(v, 2) for k, v in figures.items()}))
+    except BaseException:
+        log.flush()
+        print((tmp_path / "up.log").read_text()[-6000:])
+        raise
+    finally:
+        up.send_signal(signal.SIGINT)
+        try:
+            up.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            up.kill()
+        log.close()
