@@ -64,7 +64,7 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 
 test: $(STAMP) lint typecheck kernels
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q --durations=25
 
 bench: $(STAMP) kernels
 	$(BIN)/python scripts/bench_engine.py
