@@ -4,7 +4,8 @@ Only where the fleet does not scale from zero (TIDE_READY_REQUIRES_WORKERS=true:
 starts because work is queued): then a job for a bucket that no live, non-draining worker
 serves would wait for nothing, so it is answered 503 with Retry-After instead, and nothing
 is queued. Where the fleet may scale from zero, jobs queue until a worker starts. The
-workers are read from their heartbeats (gateway/readiness.py), at most once a second.
+workers are read from their heartbeats, at most once a second; a worker serves its own
+model's buckets only (infra/wire/models.py).
 """
 
 from __future__ import annotations
@@ -13,22 +14,27 @@ import time
 
 from gateway.deps import GatewayState
 from gateway.errors import ApiError
-from gateway.readiness import read_pools
+from infra.wire.heartbeats import read_heartbeats_async
 from infra.wire.jobstore import NewJob
 
 CACHE_SECONDS = 1.0
 RETRY_AFTER = "5"
 
 
-async def serving_buckets(state: GatewayState) -> set[str]:
+async def serving_buckets(state: GatewayState) -> set[tuple[str, str]]:
+    """(served model, bucket) pairs some live, non-draining worker takes; a worker too old
+    to name its model serves the default one."""
     now = time.monotonic()
     cached = state.serving_cache
     if cached is not None and now - cached[0] < CACHE_SECONDS:
         return cached[1]
-    pools = await read_pools(state.aredis)
-    buckets = {b for p in pools.values() if p.workers for b in p.buckets}
-    state.serving_cache = (now, buckets)
-    return buckets
+    beats = (await read_heartbeats_async(state.aredis)).values()
+    served = {
+        (b.model or state.model_name, bucket)
+        for b in beats if b.pool and not b.draining for bucket in b.buckets
+    }  # fmt: skip
+    state.serving_cache = (now, served)
+    return served
 
 
 async def check_capacity(state: GatewayState, jobs: list[NewJob]) -> None:
@@ -36,10 +42,10 @@ async def check_capacity(state: GatewayState, jobs: list[NewJob]) -> None:
         return
     served = await serving_buckets(state)
     for job in jobs:
-        bucket = job.fields["bucket"]
-        if bucket not in served:
+        bucket, model = job.fields["bucket"], job.fields.get("model") or state.model_name
+        if (model, bucket) not in served:
             raise ApiError(
-                503, f"no worker serves the {bucket!r} bucket now, and this fleet does not "
-                "start one for queued work (TIDE_READY_REQUIRES_WORKERS); retry later",
-                code="no_worker", headers={"Retry-After": RETRY_AFTER},
+                503, f"no worker of model {model!r} serves the {bucket!r} bucket now, and this "
+                "fleet does not start one for queued work (TIDE_READY_REQUIRES_WORKERS); retry "
+                "later", code="no_worker", headers={"Retry-After": RETRY_AFTER},
             )  # fmt: skip

@@ -38,7 +38,7 @@ class GatewayState:
     models: dict[str, ModelInfo] = field(default_factory=dict)  # served name -> loaded
     load_errors: dict[str, str] = field(default_factory=dict)  # served name -> why not
     tokenize_limiter: anyio.CapacityLimiter = field(init=False)
-    serving_cache: tuple[float, set[str]] | None = None  # gateway/capacity.py
+    serving_cache: tuple[float, set[tuple[str, str]]] | None = None  # gateway/capacity.py
 
     def __post_init__(self) -> None:
         self.create_script = self.aredis.register_script(job_scripts.CREATE)

@@ -72,8 +72,9 @@ def strict_fleet(redis_server, fleet, oai, tiny_path):  # type: ignore[no-untype
         yield openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="key-a", max_retries=0)
 
 
-def beat(redis_client, buckets: tuple[str, ...]) -> None:  # type: ignore[no-untyped-def]
-    hb = Heartbeat(worker_id="w1", pool="p", buckets=buckets, at=time.time())
+def beat(redis_client, buckets: tuple[str, ...], model: str = "") -> None:  # type: ignore[no-untyped-def]
+    hb = Heartbeat(worker_id="w1", pool="p", model=model, buckets=buckets, at=time.time())
+    redis_client.delete(Keys.worker("w1"))  # a new beat replaces the whole hash
     redis_client.hset(Keys.worker("w1"), mapping=hb.to_hash())
     redis_client.zadd(Keys.workers, {"w1": time.time()})
 
@@ -87,6 +88,11 @@ def test_no_worker_for_the_bucket_is_a_503_at_submit(strict_fleet, redis_client,
     time.sleep(1.1)  # past the gateway's one-second cache of the workers
     with pytest.raises(openai.InternalServerError):
         strict_fleet.completions.create(model=str(tiny_path), prompt="hi", max_tokens=4)
+    beat(redis_client, ("short", "medium"), model="another-model")  # not this model's worker
+    time.sleep(1.1)
+    with pytest.raises(openai.InternalServerError) as e:
+        strict_fleet.completions.create(model=str(tiny_path), prompt="hi", max_tokens=4)
+    assert str(tiny_path) in e.value.body["message"]
     beat(redis_client, ("short", "medium"))
     time.sleep(1.1)
     out = strict_fleet.completions.create(model=str(tiny_path), prompt="hi", max_tokens=4)
