@@ -14,6 +14,7 @@ import time
 
 from gateway.deps import GatewayState
 from gateway.errors import ApiError
+from gateway.served import served_catalog
 from infra.wire.heartbeats import read_heartbeats_async
 from infra.wire.jobstore import NewJob
 
@@ -22,15 +23,16 @@ RETRY_AFTER = "5"
 
 
 async def serving_buckets(state: GatewayState) -> set[tuple[str, str]]:
-    """(served model, bucket) pairs some live, non-draining worker takes; a worker too old
-    to name its model serves the default one."""
+    """(served model, bucket) pairs some live, non-draining worker takes (its model as
+    ModelCatalog.runs reads it from the heartbeat)."""
     now = time.monotonic()
     cached = state.serving_cache
     if cached is not None and now - cached[0] < CACHE_SECONDS:
         return cached[1]
     beats = (await read_heartbeats_async(state.aredis)).values()
+    cat = served_catalog(state)
     served = {
-        (b.model or state.model_name, bucket)
+        (cat.runs(b.model), bucket)
         for b in beats if b.pool and not b.draining for bucket in b.buckets
     }  # fmt: skip
     state.serving_cache = (now, served)

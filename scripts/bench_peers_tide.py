@@ -10,7 +10,6 @@ and what no op accounts for (Python, scheduling, sampling glue).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -25,6 +24,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from infra.bench.peer_args import peer_parser
 from infra.stats import percentile
 from worker.engine import LLMEngine, SamplingParams
 
@@ -49,12 +49,7 @@ def run(engine: LLMEngine, work: list) -> tuple[float, list]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--model", required=True)
-    parser.add_argument("--workload", required=True)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--max-num-seqs", type=int, default=64)
-    parser.add_argument("--max-num-batched-tokens", type=int, default=1024)
+    parser = peer_parser(__doc__)
     parser.add_argument("--profile", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)

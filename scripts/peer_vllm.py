@@ -14,7 +14,6 @@ keeps them), load seconds.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -22,8 +21,9 @@ import sys
 import time
 from pathlib import Path
 
-# Only infra.stats (standard library alone) from Tide: this runs in the peers' virtualenv.
+# Only standard-library modules from Tide: this runs in the peers' virtualenv.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from infra.bench.peer_args import peer_parser
 from infra.stats import percentile
 
 
@@ -41,12 +41,7 @@ def ttft_of(out: object) -> float | None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--model", required=True)
-    parser.add_argument("--workload", required=True)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--max-num-seqs", type=int, default=64)
-    parser.add_argument("--max-num-batched-tokens", type=int, default=1024)
+    parser = peer_parser(__doc__)
     parser.add_argument("--kv-cache-gib", type=int, default=4)
     parser.add_argument("--no-prefix-caching", action="store_true")
     args = parser.parse_args()

@@ -33,10 +33,8 @@ def lanes(cat: ModelCatalog) -> list[Lane]:
 
 
 def model_of(beat: Heartbeat, cat: ModelCatalog) -> str:
-    """The served name of the model a worker runs: its heartbeat's (an alias resolved; a
-    name this gateway does not serve kept as it is), the default model's when it names none."""
-    served = cat.resolve(beat.model or None)
-    return served.name if served is not None else beat.model
+    """The served name of the model a worker runs (ModelCatalog.runs)."""
+    return cat.runs(beat.model)
 
 
 async def read_queues(

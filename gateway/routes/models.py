@@ -52,10 +52,10 @@ async def _cards(state: GatewayState, models: list[ServedModel]) -> list[ModelCa
         beats = await read_heartbeats_async(state.aredis)
     except redis.RedisError:
         pass  # the cards without live state
-    default = served_catalog(state).default.name
+    cat = served_catalog(state)
     cards = []
     for m in models:
-        mine = [b for b in beats.values() if (b.model or default) == m.name and b.pool]
+        mine = [b for b in beats.values() if b.pool and cat.runs(b.model) == m.name]
         info = state.models.get(m.name)
         cards.append(ModelCard(
             id=m.name, max_model_len=info.config.max_model_len if info else None,

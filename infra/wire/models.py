@@ -73,6 +73,12 @@ class ModelCatalog:
         """The model a request names (None: the default); None when nothing is served so."""
         return self.default if requested is None else self._by_name.get(requested)
 
+    def runs(self, beat_model: str) -> str:
+        """The served name of the model a worker's heartbeat names: an alias is its model's
+        name, a name not served here stays as it is, none (an older worker) is the default."""
+        served = self.resolve(beat_model or None)
+        return served.name if served is not None else beat_model
+
     def names(self) -> list[str]:
         return [m.name for m in self.models]
 

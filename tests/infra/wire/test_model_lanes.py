@@ -36,6 +36,8 @@ def test_the_catalog_resolves_names_aliases_and_the_default() -> None:
     assert cat.resolve(None) is cat.default and cat.default.lane == ""
     assert cat.resolve("bee") is cat.resolve("b") and cat.resolve("b").lane == "b"  # type: ignore[union-attr]
     assert cat.resolve("c") is None
+    # The model a worker's heartbeat names: an alias is its model, none is the default.
+    assert [cat.runs(x) for x in ("b", "bee", "", "c")] == ["b", "b", "a", "c"]
     s = Settings()
     assert cat.resolve("b").bucket(17, s) == "medium"  # type: ignore[union-attr]
     assert cat.default.bucket(17, s) == "short"  # the settings' thresholds
