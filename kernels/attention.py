@@ -127,12 +127,18 @@ def _triton_attention(
 ) -> torch.Tensor:
     # Here, not at the top: Triton is optional (a dev extra; CPU-only installs lack it).
     from kernels import triton_attention as tk
+    from kernels import triton_prefill
 
     out = torch.empty_like(query)
     for g in meta.decode_groups:
         out[g.rows] = tk.decode_attention(
             query[g.rows], k_cache, v_cache, g.block_tables, g.context_lens, scale, g.max_context
         )
+    if meta.prefill_batch is not None:  # every chunk in one launch, written into out in place
+        triton_prefill.prefill_attention_varlen(
+            query, k_cache, v_cache, meta.prefill_batch, scale, out=out
+        )
+        return out
     for chunk in meta.prefills:
         out[chunk.rows] = tk.prefill_attention(
             query[chunk.rows], k_cache, v_cache, chunk.block_table, chunk.start_pos, scale

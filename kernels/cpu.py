@@ -2,8 +2,9 @@
 
 ``ops()`` builds the C++ file once with ``-O3 -march=native`` through
 ``torch.utils.cpp_extension`` and returns ``torch.ops.tide``, or ``None`` where the
-build is impossible (no compiler, ``TIDE_CPU_KERNELS=0``) or another process held the
-build for longer than ``BUILD_WAIT_S``; the engine then keeps the torch reference path,
+build is impossible (no compiler, ``TIDE_CPU_KERNELS=0``, or an engine-only install where
+``infra.settings`` does not import, so there is no setting to read) or another process held
+the build for longer than ``BUILD_WAIT_S``; the engine then keeps the torch reference path,
 and says so once in the log.
 
 Builds live under ``$TIDE_KERNEL_CACHE`` (default ``~/.cache/tide/kernels``), one folder
@@ -28,8 +29,14 @@ from typing import Any
 
 import torch
 
-from infra.settings import get_settings
 from kernels import build_lock
+
+try:
+    from infra.settings import get_settings
+except ImportError:  # an engine-only install (scripts/gpu_check.py): no pydantic-settings
+    HAS_SETTINGS = False
+else:
+    HAS_SETTINGS = True
 
 log = logging.getLogger(__name__)
 
@@ -41,9 +48,12 @@ LOCK_NAME = "tide-build.lock"
 # rather than not at all.
 BUILD_WAIT_S = 120.0
 CPU_FIELDS = {"model name", "flags", "Features", "CPU implementer", "CPU part"}
+NO_SETTINGS = "Tide's settings (infra.settings: pydantic-settings) cannot be imported here"
 
 
 def cache_root() -> Path:
+    if not HAS_SETTINGS:
+        raise RuntimeError(f"the kernel cache folder is a Tide setting; {NO_SETTINGS}")
     return get_settings().kernel_cache
 
 
@@ -88,6 +98,9 @@ def load(directory: Path, wait_s: float = BUILD_WAIT_S) -> Any | None:
 @functools.cache
 def ops() -> Any:
     """torch.ops.tide with the native kernels loaded, or None (see the module doc)."""
+    if not HAS_SETTINGS:
+        log.info("native CPU kernels off: %s; using the torch reference path", NO_SETTINGS)
+        return None
     if not get_settings().cpu_kernels:
         log.info("native CPU kernels disabled by TIDE_CPU_KERNELS=0")
         return None

@@ -49,9 +49,15 @@ def decode_attention(
     n, num_heads, head_dim = query.shape
     num_kv_heads = k_cache.shape[0]
     q = query.view(n, num_kv_heads, num_heads // num_kv_heads, head_dim).transpose(0, 1)
-    keys = gather_blocks(k_cache, group.block_tables.view(-1)).view(num_kv_heads, n, -1, head_dim)
-    values = gather_blocks(v_cache, group.block_tables.view(-1)).view(num_kv_heads, n, -1, head_dim)
-    out = F.scaled_dot_product_attention(q, keys, values, attn_mask=group.mask, scale=scale)
+    blocks = group.block_tables.reshape(-1)
+    keys = gather_blocks(k_cache, blocks).view(num_kv_heads, n, -1, head_dim)
+    values = gather_blocks(v_cache, blocks).view(num_kv_heads, n, -1, head_dim)
+    # Key j of row i is visible when j < its context length.
+    width = keys.shape[2]
+    visible = torch.arange(width, device=query.device) < group.context_lens.unsqueeze(1)
+    out = F.scaled_dot_product_attention(
+        q, keys, values, attn_mask=visible[None, :, None, :], scale=scale
+    )
     return out.transpose(0, 1).reshape(n, num_heads, head_dim)
 
 

@@ -72,6 +72,9 @@ ENGINE_FLAGS: tuple[EngineFlag, ...] = (
     EngineFlag("max_num_batched_tokens", "max_num_batched_tokens", 1024, type=int),
     EngineFlag("attention_backend", "attention_backend", "auto",
                choices=("auto", "torch", "cpp", "triton"), help=ATTENTION_HELP),
+    EngineFlag("cuda_graphs", "cuda_graphs", "auto", choices=("auto", "off", "eager"),
+               help="decode-only steps as CUDA graphs: auto (on CUDA with Triton), off, or "
+               "eager (the same padded steps, uncaptured; for debugging)"),
     EngineFlag("no_prefix_caching", "enable_prefix_caching", negates=True,
                help="turn the prefix cache off"),
     EngineFlag("batching", "batching", "continuous", choices=("continuous", "static"),
@@ -95,6 +98,7 @@ GENERATE_FLAGS: tuple[EngineFlag, ...] = (
         engine_flag("attention_backend"),
         help=ATTENTION_HELP + " (torch reference where it cannot be built)",
     ),
+    engine_flag("cuda_graphs"),
 )
 
 

@@ -7,6 +7,8 @@
 //       one query token per row against its paged K/V, read in place from the block
 //       pool (no gather copy); each (row, kv head) pair is one task, its query heads
 //       (GQA group) share every K/V row read.
+//   Padding rows (a decode batch padded to a fixed size): a KV write to slot -1 is
+//   skipped and a context of length 0 attends to nothing (zeros).
 //
 // Built on first use by kernels/cpu.py with -march=native; where AVX-512 BF16 is
 // missing the GEMV is not offered (Python falls back), and attention uses a portable
@@ -281,8 +283,8 @@ void decode_attention_impl(const at::Tensor& q, const at::Tensor& k_cache, const
   const float fscale = static_cast<float>(scale);
   TORCH_CHECK(BS > 0 && (BS & (BS - 1)) == 0, "block_size must be a power of two, got ", BS);
   for (int64_t i = 0; i < n; ++i)
-    TORCH_CHECK(lens[i] >= 1 && lens[i] <= max_blocks * BS, "context length ", lens[i], " of row ", i,
-                " is outside 1..", max_blocks * BS);
+    TORCH_CHECK(lens[i] >= 0 && lens[i] <= max_blocks * BS, "context length ", lens[i], " of row ", i,
+                " is outside 0..", max_blocks * BS);
 
   at::parallel_for(0, n * KVH, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> qf(G * D), acc(G * D), scores, kbuf(16 * D);
@@ -290,6 +292,10 @@ void decode_attention_impl(const at::Tensor& q, const at::Tensor& k_cache, const
     for (int64_t item = begin; item < end; ++item) {
       const int64_t i = item / KVH, h = item % KVH;
       const int64_t len = lens[i];
+      if (len == 0) {  // a padding row attends to nothing: zeros
+        for (int64_t g = 0; g < G; ++g) std::fill_n(op + i * o_s0 + (h * G + g) * o_s1, D, static_cast<T>(0.f));
+        continue;
+      }
       const int64_t Lp = (len + 15) / 16 * 16;
       for (int64_t g = 0; g < G; ++g) {
         const T* src = qp + i * q_s0 + (h * G + g) * q_s1;
@@ -368,7 +374,7 @@ void write_kv_cache(const at::Tensor& key, const at::Tensor& value, at::Tensor& 
   const int64_t slots = k_cache.size(1) * k_cache.size(2);
   const int64_t* slot = slot_mapping.data_ptr<int64_t>();
   for (int64_t t = 0; t < T; ++t)
-    TORCH_CHECK(slot[t] >= 0 && slot[t] < slots, "write_kv_cache: slot ", slot[t], " outside 0..", slots - 1);
+    TORCH_CHECK(slot[t] >= -1 && slot[t] < slots, "write_kv_cache: slot ", slot[t], " outside -1..", slots - 1);
   const int64_t bytes = D * key.element_size();
   const auto* kp = static_cast<const char*>(key.data_ptr());
   const auto* vp = static_cast<const char*>(value.data_ptr());
@@ -377,7 +383,7 @@ void write_kv_cache(const at::Tensor& key, const at::Tensor& value, at::Tensor& 
   const int64_t es = key.element_size();
   at::parallel_for(0, T, 64, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t)
-      for (int64_t h = 0; h < H; ++h) {
+      for (int64_t h = 0; h < H && slot[t] >= 0; ++h) {  // slot -1: a padding row, skipped
         const int64_t dst = (h * slots + slot[t]) * bytes;
         std::memcpy(kc + dst, kp + (t * key.stride(0) + h * key.stride(1)) * es, bytes);
         std::memcpy(vc + dst, vp + (t * value.stride(0) + h * value.stride(1)) * es, bytes);

@@ -8,8 +8,8 @@ import torch
 from kernels import cpu as cpu_kernels
 from kernels import paged_attention, set_attention_backend, write_kv_cache
 from worker.engine.config import EngineConfig
-from worker.engine.model_runner import build_step_inputs
 from worker.engine.scheduler import ScheduledRequest
+from worker.engine.step_inputs import build_step_inputs
 
 
 def dense_reference(q, k, v, scale):

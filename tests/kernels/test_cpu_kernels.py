@@ -53,7 +53,7 @@ def test_paged_decode_attention_rejects_lengths_past_the_table():
     k_cache = torch.zeros(1, 4, 16, 64)
     tables = torch.zeros(1, 2, dtype=torch.long)
     lens = torch.tensor([33], dtype=torch.int32)
-    with pytest.raises(RuntimeError, match=r"context length 33 of row 0 is outside 1\.\.32"):
+    with pytest.raises(RuntimeError, match=r"context length 33 of row 0 is outside 0\.\.32"):
         ops.paged_decode_attention(torch.zeros(1, 1, 64), k_cache, k_cache, tables, lens, 1.0)
 
 

@@ -1,12 +1,13 @@
 """What padded rows (CUDA graphs pad a decode batch to a captured size) must not break:
 a KV write to slot -1 is skipped, and a zero-length context attends to nothing (zeros,
-never 0/0). Torch reference and Triton (interpreter on CPU) alike."""
+never 0/0). Torch reference, native CPU kernel and Triton (interpreter on CPU) alike."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from kernels import cpu as cpu_kernels
 from kernels import set_attention_backend, write_kv_cache
 from kernels import torch_attention as ta
 from kernels.attention_metadata import DecodeGroup
@@ -15,10 +16,12 @@ from tests.kernels.test_attention import dense_reference
 GUARD = 4096  # elements either side of the cache, so a stray write lands somewhere we can see
 
 
-@pytest.fixture(params=["torch", "triton"])
+@pytest.fixture(params=["torch", "cpp", "triton"])
 def backend(request):
     if request.param == "triton":
         pytest.importorskip("triton")
+    if request.param == "cpp" and cpu_kernels.ops() is None:
+        pytest.skip("the native CPU kernels did not build here")
     set_attention_backend(request.param)
     yield request.param
     set_attention_backend("auto")
@@ -58,9 +61,11 @@ def _decode(backend, query, k_cache, v_cache, tables, context, scale):
         return triton_attention.decode_attention(
             query, k_cache, v_cache, tables, context, scale, int(context.max())
         )
-    width = tables.shape[1] * k_cache.shape[2]
-    mask = torch.arange(width).unsqueeze(0) < context.unsqueeze(1)
-    group = DecodeGroup(slice(0, len(context)), tables, mask[None, :, None, :], context, 0)
+    if backend == "cpp":
+        return cpu_kernels.ops().paged_decode_attention(
+            query, k_cache, v_cache, tables, context, scale
+        )
+    group = DecodeGroup(slice(0, len(context)), tables, context, int(context.max()))
     return ta.decode_attention(query, k_cache, v_cache, group, scale)
 
 

@@ -13,8 +13,8 @@ from kernels import paged_attention, set_attention_backend, write_kv_cache
 from tests.conftest import make_engine
 from tests.kernels.test_attention import dense_reference, slots_of
 from worker.engine import SamplingParams
-from worker.engine.model_runner import build_step_inputs
 from worker.engine.scheduler import ScheduledRequest
+from worker.engine.step_inputs import build_step_inputs
 
 
 @pytest.fixture

@@ -19,6 +19,7 @@ from typing import Any
 
 import boto3
 import pytest
+from botocore.exceptions import ClientError
 
 from infra.cli.main import main
 from infra.fleet.tfvars import render_file
@@ -210,6 +211,10 @@ def test_plan_elasticache_fleet(
     block = res["module.control_plane.aws_s3_bucket_public_access_block.files"]
     assert all(block[k] for k in ("block_public_acls", "block_public_policy",
                                   "ignore_public_acls", "restrict_public_buckets"))  # fmt: skip
+    (rule,) = res["module.control_plane.aws_s3_bucket_lifecycle_configuration.files[0]"]["rule"]
+    assert rule["status"] == "Enabled"
+    assert rule["noncurrent_version_expiration"][0]["noncurrent_days"] == 30
+    assert rule["abort_incomplete_multipart_upload"][0]["days_after_initiation"] == 7
     for name, pool in tfvars["pools"].items():
         hook = res[f'module.pool["{name}"].aws_autoscaling_lifecycle_hook.drain']
         assert hook["heartbeat_timeout"] == pool["drain_timeout_s"]
@@ -224,23 +229,24 @@ def test_plan_elasticache_fleet(
 
 
 @pytest.mark.slow
-def test_warm_pool_with_spot_is_refused(
+def test_warm_pool_with_spot_and_negative_days_are_refused(
     tf_root: Path, tf_env: dict[str, str], moto_url: str, tfvars: dict[str, Any]
 ) -> None:
-    """The module's precondition, for hand-written tfvars (the fleet config refuses it too)."""
+    """The modules' own checks, for hand-written tfvars (the fleet config refuses a warm pool
+    with spot too): one plan reports both."""
     cwd = tf_root / EXAMPLE
     bad = json.loads(json.dumps({"pools": tfvars["pools"]}))
     bad["pools"]["small"]["warm_pool_size"] = 1
     (cwd / "bad.tfvars.json").write_text(json.dumps(bad))
     proc = subprocess.run(
         ["terraform", "plan", "-input=false", "-no-color", "-var-file=bad.tfvars.json",
-         *moto_vars(moto_url)],
+         *moto_vars(moto_url, "-var", "noncurrent_version_days=-1")],
         cwd=cwd, env=tf_env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert proc.returncode != 0
-    assert "pool small: a warm pool needs on-demand capacity of one instance type" in " ".join(
-        proc.stderr.split()
-    )
+    errors = " ".join(proc.stderr.split())
+    assert "pool small: a warm pool needs on-demand capacity of one instance type" in errors
+    assert "noncurrent_version_days must be a whole number of days, 0 or more" in errors
 
 
 @pytest.mark.slow
@@ -253,9 +259,12 @@ def test_apply_and_destroy(
     tiny_path: Path,
 ) -> None:
     cwd = tf_root / EXAMPLE
+    # No lifecycle rule: the AWS provider waits about a minute for moto to report one (the
+    # plan test checks the rule).
     args = moto_vars(
-        moto_url, "-var", "redis_backend=instance", "-var", "bucket_force_destroy=true"
-    )
+        moto_url, "-var", "redis_backend=instance", "-var", "bucket_force_destroy=true",
+        "-var", "noncurrent_version_days=0",
+    )  # fmt: skip
     run_tf(["apply", "-input=false", "-auto-approve", *args], cwd, tf_env, timeout=420)
     try:
         outputs = json.loads(run_tf(["output", "-json"], cwd, tf_env))
@@ -265,6 +274,10 @@ def test_apply_and_destroy(
         assert outputs["asg_names"]["value"] == {p: f"{prefix}-{p}" for p in tfvars["pools"]}
         check_pools(moto_url, tfvars)
         check_control_plane(moto_url, tfvars, outputs)
+        with pytest.raises(ClientError, match="NoSuchLifecycleConfiguration"):
+            aws("s3", moto_url).get_bucket_lifecycle_configuration(
+                Bucket=outputs["bucket_name"]["value"]
+            )
         # The controller's AWS actuator on the group Terraform made: a burst, 0 -> 2 -> 0.
         small = tfvars["pools"]["small"]
         run_burst(moto_url, prefix, "small", small["buckets"], tmp_path, tiny_path)

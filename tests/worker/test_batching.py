@@ -141,8 +141,8 @@ def test_timings_are_ordered(tiny_path):
 def test_a_one_token_prefill_chunk_samples_nothing(tiny_path):
     # Regression: a budget that cuts a prefill to one token made that row look like a
     # decode, and a token was sampled before the prompt was done.
-    from worker.engine.model_runner import build_step_inputs
     from worker.engine.scheduler import ScheduledRequest
+    from worker.engine.step_inputs import build_step_inputs
 
     rows = [
         ScheduledRequest("decode", [7], 20, [0, 1], True),

@@ -8,10 +8,10 @@ from hypothesis import strategies as st
 
 from worker.engine.block_manager import BlockManager
 from worker.engine.config import EngineConfig
-from worker.engine.model_runner import build_step_inputs
 from worker.engine.request import Request
 from worker.engine.sampling_params import Priority, SamplingParams
 from worker.engine.scheduler import Scheduler
+from worker.engine.step_inputs import build_step_inputs
 
 request_spec = st.tuples(
     st.integers(0, 6),  # arrival step

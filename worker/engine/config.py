@@ -26,6 +26,9 @@ class EngineConfig:
     num_kv_blocks: int | None = None
     enable_prefix_caching: bool = True
     attention_backend: str = "auto"  # auto (Triton on CUDA, cpp on CPU) | torch | cpp | triton
+    # Decode-only steps as CUDA graphs (worker/engine/decode_graphs.py). auto: on CUDA with
+    # the Triton kernels; off: never; eager: the same padded static-buffer steps, uncaptured.
+    cuda_graphs: str = "auto"
     # continuous: admit whenever there is room. static: admit only into an empty engine,
     # then run that batch to completion (HF-generate-style; a baseline for benchmarks).
     batching: str = "continuous"
@@ -52,6 +55,8 @@ class EngineConfig:
                 "attention_backend must be auto, torch, cpp or triton, "
                 f"got {self.attention_backend!r}"
             )
+        if self.cuda_graphs not in ("auto", "off", "eager"):
+            raise ValueError(f"cuda_graphs must be auto, off or eager, got {self.cuda_graphs!r}")
         if self.batching not in ("continuous", "static"):
             raise ValueError(f"batching must be continuous or static, got {self.batching!r}")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:

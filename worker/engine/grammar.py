@@ -1,11 +1,12 @@
 """Grammar state of constrained requests: one llguidance matcher each, and their token masks.
 
-Torch-free (numpy buffers). A matcher is made when its request is added: the spec is
-compiled once per distinct constraint and kept (a small LRU of templates), and each
-request gets a deep copy of the template (microseconds), so a batch of documents under
-one schema compiles it once. A matcher advances only when the engine accepts a sampled
-token; a preempted request keeps its generated tokens and so its matcher as it is, and
-recomputation never feeds it again.
+Torch-free (numpy buffers), and built without llguidance: only ``add`` needs it, and
+without it refuses the request with a ValueError naming the package. A matcher is made
+when its request is added: the spec is compiled once per distinct constraint and kept (a
+small LRU of templates), and each request gets a deep copy of the template
+(microseconds), so a batch of documents under one schema compiles it once. A matcher
+advances only when the engine accepts a sampled token; a preempted request keeps its
+generated tokens and so its matcher as it is, and recomputation never feeds it again.
 
 Masks for a step are started right after scheduling. With ``overlap`` (the engine sets it
 on CUDA, where the CPU idles while the GPU runs) llguidance's parallel executor (Rust,
@@ -18,15 +19,23 @@ than filling each mask on the calling thread (measured: ~16 us a row inline agai
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
-import llguidance
 import numpy as np
 
-from worker.engine.structured import StructuredOutput, check_grammar, grammar_for
+from worker.engine.structured import (
+    StructuredOutput,
+    check_grammar,
+    grammar_for,
+    require_llguidance,
+)
+
+with contextlib.suppress(ImportError):  # optional: add() refuses every request without it
+    import llguidance
 
 TEMPLATE_CACHE_SIZE = 64
 
@@ -99,7 +108,9 @@ class GrammarMatchers:
         return (self.tokenizer.vocab_size + 31) // 32
 
     def add(self, request_id: str, spec: StructuredOutput) -> None:
-        """Give the request a matcher at the grammar's start; ValueError if it will not compile."""
+        """Give the request a matcher at the grammar's start; ValueError if it will not
+        compile, or llguidance is not installed."""
+        require_llguidance()
         key = spec.cache_key()
         template = self._templates.get(key)
         if template is None:

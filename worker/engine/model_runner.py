@@ -17,14 +17,14 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels import AttentionMetadata
 from kernels.attention import decode_reads_rows_in_place, set_attention_backend
-from kernels.attention_metadata import DecodeGroup, PrefillChunk
 from kernels.launch import check_devices
 from worker.engine.config import EngineConfig
+from worker.engine.decode_graphs import DecodeGraphs, graph_mode
 from worker.engine.kv_budget import GpuMemory, gpu_kv_budget
 from worker.engine.sampler import profile_sampling
 from worker.engine.scheduler import ScheduledRequest, SchedulerOutput
+from worker.engine.step_inputs import StepBuilder
 from worker.models.llama import LlamaModel
 
 log = logging.getLogger(__name__)
@@ -80,6 +80,13 @@ class ModelRunner:
                 f"the Triton attention kernels need block_size >= 16 and head_dim >= 16, "
                 f"got block_size {self.block_size}, head_dim {model.config.head_dim}"
             )
+        # Persistent step inputs (worker/engine/step_inputs.py), sized for the largest step.
+        largest = max(config.max_num_batched_tokens, config.max_num_seqs)
+        self.builder = StepBuilder(
+            largest, config.max_num_seqs, -(-max(max_model_len, largest) // self.block_size) + 1,
+            self.block_size, self.device, split_decodes=not self.one_decode_group, varlen=triton,
+        )  # fmt: skip
+        self.graph_mode = graph_mode(config.cuda_graphs, self.device, self.one_decode_group)
         self.num_blocks = self._plan_num_blocks(max_model_len)
         shape = (cfg.num_kv_heads, self.num_blocks, self.block_size, cfg.head_dim)
         self.kv_caches = [
@@ -95,6 +102,12 @@ class ModelRunner:
             self.block_size,
             self.num_blocks * self.block_bytes / 2**20,
         )
+        self.graphs: DecodeGraphs | None = None
+        if self.graph_mode != "off":
+            self.graphs = DecodeGraphs(
+                model, self.kv_caches, self.builder, config.max_num_seqs, max_model_len,
+                capture=self.graph_mode == "cuda",
+            )  # fmt: skip
 
     def _plan_num_blocks(self, max_model_len: int) -> int:
         cfg = self.config
@@ -194,7 +207,7 @@ class ModelRunner:
     def _run(
         self, scheduled: list[ScheduledRequest], caches: list[tuple[torch.Tensor, torch.Tensor]]
     ) -> torch.Tensor:
-        step = build_step_inputs(scheduled, self.block_size, self.device, not self.one_decode_group)
+        step = self.builder.build(scheduled)
         check_devices(
             "profile step",
             {"weights": self.model.embed, "input_ids": step.input_ids,
@@ -206,99 +219,11 @@ class ModelRunner:
         )
 
     def execute(self, out: SchedulerOutput) -> StepResult:
-        step = build_step_inputs(
-            out.scheduled, self.block_size, self.device, not self.one_decode_group
-        )
+        if self.graphs is not None and self.graphs.fits(out.scheduled):
+            logits, ids = self.graphs.run(out.scheduled)
+            return StepResult(logits=logits, sampled_ids=ids)
+        step = self.builder.build(out.scheduled)
         logits = self.model.forward(
             step.input_ids, step.positions, self.kv_caches, step.meta, step.logits_rows
         )
         return StepResult(logits=logits, sampled_ids=step.sampled_ids)
-
-
-@dataclass
-class StepInputs:
-    order: list[ScheduledRequest]  # row order of the flattened batch
-    input_ids: torch.Tensor
-    positions: torch.Tensor
-    meta: AttentionMetadata
-    logits_rows: torch.Tensor
-    sampled_ids: list[str]
-
-
-def build_step_inputs(
-    scheduled: list[ScheduledRequest],
-    block_size: int,
-    device: torch.device,
-    split_decodes: bool = True,
-) -> StepInputs:
-    """Flatten a step: decode rows first (sorted by context, grouped), then prefill chunks.
-
-    split_decodes=False keeps every decode row in one group: for attention that reads
-    each row's own length (the native CPU kernel), padding costs nothing, and one group
-    is one kernel call.
-    """
-    decodes = sorted((s for s in scheduled if s.num_tokens == 1), key=lambda s: s.start_pos)
-    prefills = [s for s in scheduled if s.num_tokens > 1]
-    order = decodes + prefills
-    input_ids: list[int] = []
-    positions: list[int] = []
-    slots: list[int] = []
-    bs = block_size
-    for s in order:
-        input_ids.extend(s.token_ids)
-        table = s.block_table
-        for pos in range(s.start_pos, s.context_len):
-            positions.append(pos)
-            slots.append(table[pos // bs] * bs + pos % bs)
-    meta = AttentionMetadata(
-        slot_mapping=torch.tensor(slots, dtype=torch.long, device=device), block_size=bs
-    )
-    meta.decode_groups = _decode_groups(decodes, bs, device, split_decodes)
-    # A one-token row is not always a decode: a prefill chunk cut to one token by the
-    # step budget has no next token to sample yet.
-    logits_rows = [i for i, s in enumerate(decodes) if s.sample]
-    sampled_ids = [s.request_id for s in decodes if s.sample]
-    row = len(decodes)
-    for s in prefills:
-        num_blocks = -(-s.context_len // bs)
-        table_t = torch.tensor(s.block_table[:num_blocks], dtype=torch.long, device=device)
-        meta.prefills.append(PrefillChunk(slice(row, row + s.num_tokens), s.start_pos, table_t))
-        row += s.num_tokens
-        if s.sample:
-            logits_rows.append(row - 1)
-            sampled_ids.append(s.request_id)
-    return StepInputs(
-        order=order,
-        input_ids=torch.tensor(input_ids, dtype=torch.long, device=device),
-        positions=torch.tensor(positions, dtype=torch.long, device=device),
-        meta=meta,
-        logits_rows=torch.tensor(logits_rows, dtype=torch.long, device=device),
-        sampled_ids=sampled_ids,
-    )
-
-
-def _decode_groups(
-    decodes: list[ScheduledRequest], block_size: int, device: torch.device, split: bool = True
-) -> list[DecodeGroup]:
-    """Split decode rows (sorted by length) where padding to the group's longest wastes much."""
-    groups, start = [], 0
-    lengths = [-(-s.context_len // block_size) for s in decodes]
-    for i in range(1, len(decodes) + 1):
-        long_gap = i < len(decodes) and lengths[i] > 2 * lengths[start] and lengths[i] > 8
-        if i < len(decodes) and not (split and long_gap):
-            continue
-        rows, width = decodes[start:i], lengths[i - 1]
-        tables = [s.block_table[:width] + [0] * (width - len(s.block_table)) for s in rows]
-        context = torch.tensor([s.context_len for s in rows], dtype=torch.int32, device=device)
-        mask = torch.arange(width * block_size, device=device).unsqueeze(0) < context.unsqueeze(1)
-        groups.append(
-            DecodeGroup(
-                rows=slice(start, i),
-                block_tables=torch.tensor(tables, dtype=torch.long, device=device),
-                mask=mask[None, :, None, :],
-                context_lens=context,
-                max_context=rows[-1].context_len,
-            )
-        )
-        start = i
-    return groups

@@ -5,6 +5,11 @@ schema with a 400 before anything is queued: ``validate(spec)`` raises ValueErro
 the problem. The engine compiles the same grammar text for its matchers
 (``worker.engine.grammar``), so what validates here is what runs there.
 
+llguidance is needed only to compile: without it (an engine-only install, as for
+``scripts/gpu_check.py``) specs still build and the engine still runs, and compiling a
+spec raises ValueError naming the package (``require_llguidance``), so a structured
+request is refused as a bad grammar would be.
+
 JSON is generated compactly with Python's ``json.dumps`` separators (", " and ": ") and
 no other whitespace: a model cannot stall in a run of newlines, and outputs are short.
 Properties come in the schema's order. JSON Schema's defaults hold: without
@@ -19,10 +24,19 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-import llguidance
+try:
+    import llguidance
+except ImportError:
+    HAS_LLGUIDANCE = False
+else:
+    HAS_LLGUIDANCE = True
 
 KINDS = ("json_object", "json_schema", "regex", "choice", "grammar")
 MAX_ERROR_CHARS = 600
+NO_LLGUIDANCE = (
+    "structured outputs need the llguidance package (pip install 'llguidance>=1.9,<2'), "
+    "which is not installed here"
+)
 
 
 @dataclass(frozen=True)
@@ -113,6 +127,7 @@ def as_structured(spec: StructuredOutput | dict[str, Any]) -> StructuredOutput:
 
 def grammar_for(spec: StructuredOutput) -> str:
     """The llguidance grammar text for a spec (not yet checked: see ``validate``)."""
+    require_llguidance()
     if spec.json_object or spec.json_schema is not None:
         schema = spec.json_schema if spec.json_schema is not None else {"type": "object"}
         return llguidance.LLMatcher.grammar_from_json_schema(
@@ -141,9 +156,16 @@ def validate(spec: StructuredOutput | dict[str, Any]) -> None:
 
 
 def check_grammar(kind: str, grammar: str) -> None:
+    require_llguidance()
     message = llguidance.LLMatcher.validate_grammar(grammar)
     if message:
         raise ValueError(f"{kind}: {_trim(message)}")
+
+
+def require_llguidance() -> None:
+    """Raise ValueError naming the package where llguidance is not installed."""
+    if not HAS_LLGUIDANCE:
+        raise ValueError(NO_LLGUIDANCE)
 
 
 def _trim(message: str) -> str:

@@ -1,20 +1,31 @@
 """Where a model name points, without importing torch (the gateway uses this too).
 
 ``dummy:<preset>[:seed]`` lives in the cache folder once materialised (see
-``worker.models.resolve.resolve_model_path``); anything else is a folder path.
+``worker.models.resolve.resolve_model_path``); anything else is a folder path. Where Tide's
+settings cannot be imported (an engine-only install), only folder paths work.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from infra.settings import get_settings
+try:
+    from infra.settings import get_settings
+except ImportError:  # an engine-only install (scripts/gpu_check.py): model folders only
+    HAS_SETTINGS = False
+else:
+    HAS_SETTINGS = True
 
 DEFAULT_SEED = 0
 DUMMY_FORMAT = 2  # bump when save_dummy writes something new, so stale caches are rebuilt
 
 
 def cache_dir() -> Path:
+    if not HAS_SETTINGS:
+        raise RuntimeError(
+            "dummy models live in the cache folder, a Tide setting, and Tide's settings "
+            "(infra.settings: pydantic-settings) cannot be imported here: name a model folder"
+        )
     return get_settings().cache_dir
 
 

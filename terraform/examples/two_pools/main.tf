@@ -38,6 +38,8 @@ module "control_plane" {
   redis_backend         = var.redis_backend
   gateway_ingress_cidrs = var.gateway_ingress_cidrs
   bucket_force_destroy  = var.bucket_force_destroy
+
+  noncurrent_version_days = var.noncurrent_version_days
 }
 
 module "pool" {

@@ -91,6 +91,12 @@ variable "bucket_force_destroy" {
   default     = false
 }
 
+variable "noncurrent_version_days" {
+  description = "Days the files bucket keeps a file's overwritten versions; 0 = no lifecycle rule (the moto apply test)."
+  type        = number
+  default     = 30
+}
+
 variable "worker_root_volume_gb" {
   description = "Root volume of each worker in GiB (Tide, torch, the model)."
   type        = number

@@ -45,6 +45,7 @@ resource "aws_s3_bucket_server_side_encryption_configuration" "files" {
 
 # Versioning keeps overwritten batch files; expire old versions and stale uploads.
 resource "aws_s3_bucket_lifecycle_configuration" "files" {
+  count  = var.noncurrent_version_days > 0 ? 1 : 0
   bucket = aws_s3_bucket.files.id
 
   rule {
@@ -54,7 +55,7 @@ resource "aws_s3_bucket_lifecycle_configuration" "files" {
       prefix = ""
     }
     noncurrent_version_expiration {
-      noncurrent_days = 30
+      noncurrent_days = var.noncurrent_version_days
     }
     abort_incomplete_multipart_upload {
       days_after_initiation = 7
@@ -62,6 +63,12 @@ resource "aws_s3_bucket_lifecycle_configuration" "files" {
   }
 
   depends_on = [aws_s3_bucket_versioning.files]
+}
+
+# The rule had no count before noncurrent_version_days: existing state keeps it in place.
+moved {
+  from = aws_s3_bucket_lifecycle_configuration.files
+  to   = aws_s3_bucket_lifecycle_configuration.files[0]
 }
 
 data "aws_iam_policy_document" "tls_only" {

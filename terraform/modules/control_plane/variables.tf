@@ -239,6 +239,17 @@ variable "bucket_force_destroy" {
   default     = false
 }
 
+variable "noncurrent_version_days" {
+  description = "Days the bucket keeps a file's overwritten versions; the same lifecycle rule aborts multipart uploads left for 7 days. 0 = no lifecycle rule."
+  type        = number
+  default     = 30
+
+  validation {
+    condition     = var.noncurrent_version_days >= 0 && floor(var.noncurrent_version_days) == var.noncurrent_version_days
+    error_message = "noncurrent_version_days must be a whole number of days, 0 or more (0 = no lifecycle rule)."
+  }
+}
+
 variable "bucket_kms_key_arn" {
   description = "KMS key for the bucket's default encryption; null uses SSE-S3 (AES-256)."
   type        = string

@@ -43,7 +43,7 @@ def test_serving_commands_take_every_engine_flag(command):
     assert engine_kwargs(args) == {
         "dtype": None, "device": "auto", "kv_cache_memory": None,
         "gpu_memory_utilization": 0.9, "max_num_seqs": 64,
-        "max_num_batched_tokens": 1024, "attention_backend": "auto",
+        "max_num_batched_tokens": 1024, "attention_backend": "auto", "cuda_graphs": "auto",
         "enable_prefix_caching": True, "batching": "continuous",
     }  # fmt: skip
 
@@ -60,7 +60,7 @@ def test_default_worker_argv_is_what_tide_up_always_passed():
     assert argv == [
         "--device", "auto", "--gpu-memory-utilization", "0.9", "--max-num-seqs", "64",
         "--max-num-batched-tokens", "1024", "--attention-backend", "auto",
-        "--batching", "continuous",
+        "--cuda-graphs", "auto", "--batching", "continuous",
     ]  # fmt: skip
 
 
