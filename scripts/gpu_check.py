@@ -11,13 +11,16 @@ device, from torch, triton and numpy (what the engine imports besides is listed 
 section never hides the others. Without CUDA and without --smoke it prints
 {"error": "no CUDA device", ...} and exits 0.
 
-Recorded per model: start-up with default settings (error, or seconds and KV blocks);
-greedy tokens with the Triton and the torch backends over prompts that hit the prefix
-cache and, in a small pool, get preempted; decode step time at batch 1/16/64 and context
-512/4096 (first step and steady median, host launch time, compiled variants added);
-prefill tokens/s at 1k and 8k; sampler cost at temperature 0 and 1; decode-attention
-bandwidth against a measured device copy. Not measured, because the engine has none yet:
-CUDA graphs (graph vs eager) and a profiler split of one step.
+Recorded per model: start-up with default settings (error, or seconds, KV blocks and the
+CUDA-graph capture time); greedy tokens with the Triton backend (CUDA graphs on, and off)
+and the torch backend over prompts that hit the prefix cache and, in a small pool, get
+preempted; decode step time at batch 1/16/64 and context 512/4096 with CUDA graphs and
+eager (first step and steady median, host time, compiled variants added), the batch-1
+step against its weight-read time at the measured copy bandwidth; a profiler split of a
+steady decode step (device busy vs wall: the GPU's idle share); prefill tokens/s at 1k
+and 8k; sampler cost at temperature 0 and 1; decode-attention bandwidth against a
+measured device copy. On CPU (--smoke) the graph path runs eagerly (padded static
+buffers), and the profiler split is skipped.
 """
 
 from __future__ import annotations
@@ -34,6 +37,9 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, uninstalled
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling, gpu_decode.py
+
+from gpu_decode import copy_bandwidth, decode_steps, section, sync, timed
 
 ALLOWED = {"torch", "triton", "safetensors", "tokenizers", "numpy", "xxhash"}
 SHAPES: dict[str, dict[str, Any]] = {
@@ -83,39 +89,21 @@ def build_random_model(shape: dict[str, Any], device: torch.device, dtype: torch
     return LlamaModel(cfg, mat(cfg.vocab_size, d), layers, ones(d), Linear(mat(cfg.vocab_size, d)))
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _timed(fn, device: torch.device) -> float:  # type: ignore[no-untyped-def]
-    _sync(device)
-    start = time.perf_counter()
-    fn()
-    _sync(device)
-    return time.perf_counter() - start
-
-
-def _section(out: dict[str, Any], name: str, fn) -> None:  # type: ignore[no-untyped-def]
-    try:
-        out[name] = fn()
-    except Exception as e:  # a section's failure is a finding, not the end of the run
-        out[name] = {"error": f"{type(e).__name__}: {e}"[:600]}
-
-
 def startup(model, device: torch.device) -> dict[str, Any]:  # type: ignore[no-untyped-def]
     from worker.engine.config import EngineConfig
     from worker.engine.llm_engine import LLMEngine
 
     start = time.perf_counter()
     engine = LLMEngine(model, None, EngineConfig())
-    _sync(device)
+    sync(device)
     runner = engine.runner
     return {
         "seconds": round(time.perf_counter() - start, 2),
         "kv_blocks": runner.num_blocks,
         "kv_gib": round(runner.num_blocks * runner.block_bytes / 2**30, 2),
         "block_size": runner.block_size,
+        "cuda_graphs": runner.graph_mode,
+        "graph_capture_seconds": round(runner.graphs.capture_seconds, 2) if runner.graphs else None,
     }
 
 
@@ -132,16 +120,23 @@ def greedy_match(model, smoke: bool) -> dict[str, Any]:  # type: ignore[no-untyp
     params = SamplingParams(max_tokens=12 if smoke else 32, temperature=0.0, ignore_eos=True)
     per_seq = -(-(len(prompts[-1]) + params.max_tokens) // 16)
     result: dict[str, Any] = {}
-    for backend in ("triton", "torch"):
+    # On CUDA "triton" replays CUDA graphs for decode steps; on CPU it runs the same padded
+    # steps eagerly. "triton_no_graphs" (CUDA only) is the unpadded eager path.
+    graphs = "auto" if model.device.type == "cuda" else "eager"
+    runs = [("triton", "triton", graphs), ("torch", "torch", "off")]
+    if model.device.type == "cuda":
+        runs.insert(1, ("triton_no_graphs", "triton", "off"))
+    for name, backend, mode in runs:
         config = EngineConfig(num_kv_blocks=per_seq + 1, attention_backend=backend,
-                              max_num_batched_tokens=64 if smoke else 512)  # fmt: skip
+                              max_num_batched_tokens=64 if smoke else 512,
+                              cuda_graphs=mode)  # fmt: skip
         engine = LLMEngine(model, None, config)
         try:
             outs = engine.generate([list(p) for p in prompts], params)
         finally:
             set_attention_backend("auto")
         stats = engine.stats()
-        result[backend] = {
+        result[name] = {
             "tokens": [o.token_ids for o in outs],
             "prefix_hits": stats["prefix_cache_hits"],
             "preemptions": stats["num_preemptions"],
@@ -150,63 +145,15 @@ def greedy_match(model, smoke: bool) -> dict[str, Any]:  # type: ignore[no-untyp
     a, b = result["triton"]["tokens"], result["torch"]["tokens"]
     diverge = [next((j for j, (x, y) in enumerate(zip(s, t, strict=True)) if x != y), None)
                for s, t in zip(a, b, strict=True)]  # fmt: skip
+    graphs_equal = None
+    if "triton_no_graphs" in result:
+        graphs_equal = result["triton_no_graphs"]["tokens"] == a
     return {
         "equal": a == b,
         "first_divergence": diverge,
+        "graphs_equal_eager": graphs_equal,
         **{k: {f: v[f] for f in ("prefix_hits", "preemptions")} for k, v in result.items()},
     }
-
-
-def compiled_variants() -> int | None:
-    """Compiled Triton decode-kernel variants so far (None under the interpreter)."""
-    from kernels import triton_attention as tk
-
-    total = 0
-    for fn in (tk._decode_kernel, tk._reduce_kernel):
-        caches = getattr(fn, "device_caches", None)
-        if caches is None:
-            return None
-        total += sum(len(c[0]) for c in caches.values())
-    return total
-
-
-def decode_steps(model, device: torch.device, plan: dict[str, Any]) -> dict[str, Any]:  # type: ignore[no-untyped-def]
-    from worker.engine.config import EngineConfig
-    from worker.engine.model_runner import ModelRunner
-    from worker.engine.scheduler import ScheduledRequest, SchedulerOutput
-
-    bs, max_b, max_c = 16, max(plan["batches"]), max(plan["contexts"])
-    config = EngineConfig(num_kv_blocks=max_b * (max_c // bs + 1), max_num_seqs=max_b)
-    runner = ModelRunner(model, config, model.config.max_model_len)
-    out: dict[str, Any] = {"variants_after_warmup": compiled_variants()}
-    for batch in plan["batches"]:
-        for context in plan["contexts"]:
-            width = -(-context // bs)
-            sched = SchedulerOutput([
-                ScheduledRequest(f"r{i}", [1], context - 1, list(range(i * width, (i + 1) * width)),
-                                 True) for i in range(batch)
-            ])  # fmt: skip
-            first = _timed(lambda s=sched: runner.execute(s), device)
-            times, hosts = [], []
-            for _ in range(plan["reps"]):
-                _sync(device)
-                t0 = time.perf_counter()
-                runner.execute(sched)
-                hosts.append(time.perf_counter() - t0)
-                _sync(device)
-                times.append(time.perf_counter() - t0)
-            out[f"b{batch}_c{context}"] = {
-                "first_ms": round(first * 1e3, 3),
-                "steady_ms": round(statistics.median(times) * 1e3, 3),
-                "host_ms": round(statistics.median(hosts) * 1e3, 3),
-            }
-    out["variants_after_serving"] = compiled_variants()
-    for n in plan["prefills"]:
-        sched = SchedulerOutput([ScheduledRequest("p", [1] * n, 0, list(range(-(-n // bs))), True)])
-        runner.execute(sched)  # compile
-        seconds = min(_timed(lambda s=sched: runner.execute(s), device) for _ in range(2))
-        out[f"prefill_{n}_tok_s"] = round(n / seconds)
-    return out
 
 
 def sampler_cost(vocab: int, device: torch.device, reps: int) -> dict[str, Any]:
@@ -219,13 +166,13 @@ def sampler_cost(vocab: int, device: torch.device, reps: int) -> dict[str, Any]:
     for t in (0.0, 1.0):
         reqs = [Request(f"r{i}", [1], SamplingParams(temperature=t)) for i in range(64)]
         sampler.sample(logits.clone(), reqs)
-        times = [_timed(lambda r=reqs: sampler.sample(logits.clone(), r), device)
+        times = [timed(lambda r=reqs: sampler.sample(logits.clone(), r), device)
                  for _ in range(reps)]  # fmt: skip
         out[f"b64_t{t:g}_ms"] = round(statistics.median(times) * 1e3, 3)
     return out
 
 
-def attention_bandwidth(device: torch.device, smoke: bool) -> dict[str, Any]:
+def attention_bandwidth(device: torch.device, smoke: bool, copy_gb_s: float) -> dict[str, Any]:
     from kernels import triton_attention as tk
 
     n, context, kvh, heads, hd, bs = (4, 256, 2, 8, 16, 16) if smoke else (64, 4096, 8, 32, 128, 16)
@@ -237,13 +184,9 @@ def attention_bandwidth(device: torch.device, smoke: bool) -> dict[str, Any]:
     q = torch.randn(n, heads, hd, dtype=torch.bfloat16, device=device)
     call = lambda: tk.decode_attention(q, k, v, tables, lens, hd**-0.5, context)  # noqa: E731
     call()
-    seconds = min(_timed(call, device) for _ in range(3 if smoke else 20))
-    src = torch.empty((1 << 24) if smoke else (1 << 30), dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    dst.copy_(src)
-    copy = min(_timed(lambda: dst.copy_(src), device) for _ in range(3 if smoke else 10))
+    seconds = min(timed(call, device) for _ in range(3 if smoke else 20))
     kv_bytes = 2 * n * context * kvh * hd * 2
-    achieved, peak = kv_bytes / seconds, 2 * src.numel() / copy
+    achieved, peak = kv_bytes / seconds, copy_gb_s * 1e9
     return {"shape": f"batch {n}, context {context}, kv_heads {kvh}, head_dim {hd}, bf16",
             "achieved_gb_s": round(achieved / 1e9, 1), "copy_peak_gb_s": round(peak / 1e9, 1),
             "fraction_of_peak": round(achieved / peak, 3)}  # fmt: skip
@@ -267,25 +210,27 @@ def run(smoke: bool) -> dict[str, Any]:
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     report: dict[str, Any] = {"device": name, "torch": torch.__version__, "smoke": smoke}
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    copy_gb_s = copy_bandwidth(device, smoke)
+    report["copy_gb_s"] = round(copy_gb_s, 1)
     for shape in ("tiny",) if smoke else ("llama3-8b", "qwen2.5-7b"):
         entry: dict[str, Any] = {}
         start = time.perf_counter()
         model = build_random_model(SHAPES[shape], device, dtype)
-        _sync(device)
+        sync(device)
         entry["build_seconds"] = round(time.perf_counter() - start, 2)
-        _section(entry, "startup_defaults", lambda m=model: startup(m, device))
+        section(entry, "startup_defaults", lambda m=model: startup(m, device))
         if device.type == "cuda":
             torch.cuda.empty_cache()
-        _section(entry, "greedy_triton_vs_torch", lambda m=model: greedy_match(m, smoke))
-        _section(entry, "decode", lambda m=model: decode_steps(m, device, plan))
-        _section(entry, "sampler", lambda m=model: sampler_cost(m.config.vocab_size, device,
+        section(entry, "greedy_triton_vs_torch", lambda m=model: greedy_match(m, smoke))
+        section(entry, "decode", lambda m=model: decode_steps(m, device, plan, copy_gb_s))
+        section(entry, "sampler", lambda m=model: sampler_cost(m.config.vocab_size, device,
                                                                 plan["reps"]))  # fmt: skip
         report[shape] = entry
         del model
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    _section(report, "decode_attention_bandwidth", lambda: attention_bandwidth(device, smoke))
-    report["not_measured"] = ["cuda graphs (none yet)", "profiler host/device split"]
+    section(report, "decode_attention_bandwidth",
+             lambda: attention_bandwidth(device, smoke, copy_gb_s))  # fmt: skip
     report["imports_outside_allowed"] = imports_outside_allowed()
     return report
 
