@@ -95,8 +95,9 @@ def test_abort_frees_blocks_at_once(tiny_path):
     engine.block_manager.assert_all_free()
 
 
-def test_a_failing_request_fails_alone(tiny_path, monkeypatch):
-    engine = make_engine(tiny_path)
+@pytest.mark.parametrize("overlap", ["off", "on"], ids=["text-at-once", "text-a-step-late"])
+def test_a_failing_request_fails_alone(tiny_path, monkeypatch, overlap):
+    engine = make_engine(tiny_path, overlap_detokenize=overlap)
     sp = SamplingParams(max_tokens=6, temperature=0.0)
     engine.add_request("ok", [1, 10, 11], sp)
     engine.add_request("bad", [1, 12, 13], sp)
@@ -104,7 +105,7 @@ def test_a_failing_request_fails_alone(tiny_path, monkeypatch):
     def explode(token_id: int) -> None:
         raise RuntimeError("detokenizer broke")
 
-    monkeypatch.setattr(engine._detoks["bad"], "add_token", explode)
+    monkeypatch.setattr(engine.text._detoks["bad"], "add_token", explode)
     results = {}
     while engine.has_unfinished():
         for out in engine.step():

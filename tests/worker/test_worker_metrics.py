@@ -28,9 +28,9 @@ LABELS = {"pool": "test"}  # the model label is the folder name of dummy:tiny
 
 def test_step_stats_count_context_per_token():
     step = StepStats()
-    step.add(1, 10, is_decode=True)  # a decode at position 10 reads 11 positions
-    step.add(4, 0, is_decode=False)  # a fresh 4-token chunk: 1 + 2 + 3 + 4
-    step.add(3, 5, is_decode=False)  # a chunk after 5 cached tokens: 6 + 7 + 8
+    step.add(1, 10, num_prompt_tokens=5)  # a decode at position 10 reads 11 positions
+    step.add(4, 0, num_prompt_tokens=4)  # a fresh 4-token chunk: 1 + 2 + 3 + 4
+    step.add(3, 5, num_prompt_tokens=8)  # a chunk after 5 cached tokens: 6 + 7 + 8
     assert (step.num_seqs, step.num_tokens, step.num_decode_tokens) == (3, 8, 1)
     assert step.kv_tokens_read == 11 + 4 + 8
     assert step.attn_context_sum == 11 + 10 + 21

@@ -223,6 +223,11 @@ class BlockManager:
                     block.block_hash, block.token_ids, block.parent = None, (), None
                     self.free_queue.appendleft(block)
 
+    def stats(self) -> dict[str, float]:
+        return {"num_blocks": self.num_blocks, "num_free_blocks": self.num_free_blocks,
+                "kv_cache_usage": self.usage, "prefix_cache_queries": self.prefix_queries,
+                "prefix_cache_hits": self.prefix_hits}  # fmt: skip
+
     def get_block_table(self, request_id: str) -> list[int]:
         return self.block_tables.get(request_id, [])
 

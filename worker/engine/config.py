@@ -29,6 +29,9 @@ class EngineConfig:
     # Decode-only steps as CUDA graphs (worker/engine/decode_graphs.py). auto: on CUDA with
     # the Triton kernels; off: never; eager: the same padded static-buffer steps, uncaptured.
     cuda_graphs: str = "auto"
+    # Detokenize a step's tokens while the device runs the next (worker/engine/output_text.py):
+    # auto = on CUDA; on (tests on CPU) | off.
+    overlap_detokenize: str = "auto"
     # continuous: admit whenever there is room. static: admit only into an empty engine,
     # then run that batch to completion (HF-generate-style; a baseline for benchmarks).
     batching: str = "continuous"
@@ -57,6 +60,10 @@ class EngineConfig:
             )
         if self.cuda_graphs not in ("auto", "off", "eager"):
             raise ValueError(f"cuda_graphs must be auto, off or eager, got {self.cuda_graphs!r}")
+        if self.overlap_detokenize not in ("auto", "on", "off"):
+            raise ValueError(
+                f"overlap_detokenize must be auto, on or off, got {self.overlap_detokenize!r}"
+            )
         if self.batching not in ("continuous", "static"):
             raise ValueError(f"batching must be continuous or static, got {self.batching!r}")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:

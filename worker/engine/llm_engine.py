@@ -15,9 +15,9 @@ from typing import Any
 from worker.engine.admission import check_prompt_ids, check_request, stop_token_ids
 from worker.engine.block_manager import BlockManager
 from worker.engine.config import EngineConfig
-from worker.engine.detokenizer import IncrementalDetokenizer
 from worker.engine.grammar import GrammarMatchers, PendingMasks
 from worker.engine.model_runner import ModelRunner
+from worker.engine.output_text import TextOutputs
 from worker.engine.outputs import RequestOutput, StepStats
 from worker.engine.request import Request, TokenLogprob
 from worker.engine.sampler import Sampler
@@ -40,8 +40,7 @@ class LLMEngine:
     def __init__(
         self, model: LlamaModel, tokenizer: Tokenizer | None, config: EngineConfig | None = None
     ) -> None:
-        self.model = model
-        self.tokenizer = tokenizer
+        self.model, self.tokenizer, cuda = model, tokenizer, model.device.type == "cuda"
         self.config = config or EngineConfig()
         self.max_model_len = min(
             self.config.max_model_len or model.config.max_model_len, model.config.max_model_len
@@ -60,9 +59,10 @@ class LLMEngine:
         if tokenizer is not None:
             eos = sorted(self.eos_token_ids)
             self.grammar = GrammarMatchers(tokenizer.to_json(), model.config.vocab_size, eos)
-            self.grammar.overlap = model.device.type == "cuda"  # see worker/engine/grammar.py
+            self.grammar.overlap = cuda  # see worker/engine/grammar.py
         self.requests: dict[str, Request] = {}
-        self._detoks: dict[str, IncrementalDetokenizer] = {}
+        overlap = self.config.overlap_detokenize  # text a step late: on CUDA by default
+        self.text = TextOutputs(tokenizer, overlap == "on" or (overlap == "auto" and cuda))
         self._pending: list[RequestOutput] = []
         self._arrivals = itertools.count()
         self.counters = {"prompt_tokens": 0, "generation_tokens": 0, "steps": 0}
@@ -88,13 +88,10 @@ class LLMEngine:
     def validate(self, num_prompt_tokens: int, params: SamplingParams) -> None:
         """Raise ValueError naming the numbers when a request can never run here."""
         check_request(
-            num_prompt_tokens,
-            params,
-            max_model_len=self.max_model_len,
-            kv_capacity_tokens=self.kv_capacity_tokens,
-            vocab_size=self.model.config.vocab_size,
+            num_prompt_tokens, params, max_model_len=self.max_model_len,
+            kv_capacity_tokens=self.kv_capacity_tokens, vocab_size=self.model.config.vocab_size,
             has_grammar=self.grammar is not None,
-        )
+        )  # fmt: skip
 
     def can_admit(
         self, num_prompt_tokens: int, max_tokens: int, prompt_token_ids: list[int] | None = None
@@ -119,10 +116,7 @@ class LLMEngine:
         request = Request(request_id, prompt_token_ids, params, priority, next(self._arrivals))
         request.stop_token_ids = stop_token_ids(params, self.eos_token_ids)
         self.requests[request_id] = request
-        if self.tokenizer is not None:
-            self._detoks[request_id] = IncrementalDetokenizer(
-                self.tokenizer.decode, prompt_token_ids, params.stop, params.min_tokens
-            )
+        self.text.add(request)
         self.scheduler.add(request)
 
     def abort(self, request_id: str) -> bool:
@@ -130,11 +124,12 @@ class LLMEngine:
         request = self.requests.get(request_id)
         if request is None:
             return False
+        self._pending.extend(self._drain())  # its earlier outputs before its last
         self._finish(request, "abort")
         return True
 
     def has_unfinished(self) -> bool:
-        return bool(self.requests) or bool(self._pending)
+        return bool(self.requests) or bool(self._pending) or self.text.has_deferred
 
     # -- the loop ----------------------------------------------------------------
 
@@ -152,30 +147,36 @@ class LLMEngine:
         outputs, self._pending = self._pending, []
         sched = self.scheduler.schedule()
         if sched.is_empty:
-            return outputs
+            return outputs + self._drain()
         self.counters["steps"] += 1
         pending = self._start_masks(sched.scheduled)
         try:
             result = self.runner.execute(sched)
+            # The last step's deferred text, while the device runs this one (on CUDA).
+            outputs += self._drain()
             masks = None
             if pending is not None:
                 assert self.grammar is not None
                 masks = self.grammar.wait(pending, result.sampled_ids)
         except Exception as e:
             log.exception("model step failed; failing its %d requests", len(sched.scheduled))
+            outputs += self._drain()
             for s in sched.scheduled:
-                self._finish(self.requests[s.request_id], "error", f"model step failed: {e}")
+                if s.request_id in self.requests:
+                    self._finish(self.requests[s.request_id], "error", f"model step failed: {e}")
             return outputs + self._pending_take()
+        # A request whose deferred text just failed has ended: its rows are dropped.
+        live = [i for i, rid in enumerate(result.sampled_ids) if rid in self.requests]
+        if len(live) < len(result.sampled_ids):
+            result.logits, result.sampled_ids = result.logits[live], [
+                result.sampled_ids[i] for i in live]  # fmt: skip
         stats = StepStats(num_sampled=len(result.sampled_ids))
         for s in sched.scheduled:
-            request = self.requests[s.request_id]
-            is_decode = s.num_tokens == 1 and s.start_pos >= request.num_prompt_tokens
-            stats.add(s.num_tokens, s.start_pos, is_decode)
-            request.num_computed_tokens += s.num_tokens
+            if (request := self.requests.get(s.request_id)) is None:
+                continue
             n_prompt = request.num_prompt_tokens
-            self.counters["prompt_tokens"] += max(
-                0, min(s.context_len, n_prompt) - min(s.start_pos, n_prompt)
-            )
+            self.counters["prompt_tokens"] += stats.add(s.num_tokens, s.start_pos, n_prompt)
+            request.num_computed_tokens += s.num_tokens
             self.block_manager.cache_full_blocks(request)
         requests = [self.requests[i] for i in result.sampled_ids]
         sampled = self.sampler.sample(result.logits, requests, masks)
@@ -187,7 +188,9 @@ class LLMEngine:
             try:
                 if isinstance(token, Exception):
                     raise token
-                outputs.append(self._process_token(request, token, logprob, now))
+                out = self._process_token(request, token, logprob, now)
+                if out is not None:
+                    outputs.append(out)
             except Exception as e:
                 log.exception("request %s failed", request.request_id)
                 self._finish(request, "error", f"{type(e).__name__}: {e}")
@@ -206,40 +209,51 @@ class LLMEngine:
 
     def _process_token(
         self, request: Request, token: int, logprob: TokenLogprob | None, now: float
-    ) -> RequestOutput:
+    ) -> RequestOutput | None:
+        """Append the token and decide whether the request ends; its output, or None when
+        its text comes with the next step (``self.text``)."""
         request.append_token(token, logprob)
         self.counters["generation_tokens"] += 1
         if request.timings.first_token is None:
             request.timings.first_token = now
         params = request.params
-        detok = self._detoks.get(request.request_id)
-        reason = None
-        grammar_done = False
+        deferred = self.text.deferrable(request)
+        reason, grammar_done = None, False
         if params.structured is not None:
             assert self.grammar is not None
             grammar_done = self.grammar.accept(request.request_id, token)
-        if token in request.stop_token_ids:
-            reason = "stop"
-        elif detok is not None:
-            detok.add_token(token)
-            if detok.stopped:
-                reason = "stop"
-        if reason is None and grammar_done:
+        is_stop_token = token in request.stop_token_ids
+        # Text is added at once only where it decides the end (a stop token adds none).
+        text_stop = not is_stop_token and not deferred and self.text.stopped_by_text(request, token)
+        if is_stop_token or text_stop or grammar_done:
             reason = "stop"
         if reason is None and request.num_output_tokens >= params.max_tokens:
             reason = "length"
-        new_logprobs = [logprob] if logprob is not None else []
+        if deferred:
+            if reason is not None:
+                self._release(request, reason)
+            self.text.defer_token(request, token, logprob, not is_stop_token, reason is not None)
+            return None
         if reason is None:
-            delta = detok.take_delta(final=False) if detok else ""
-            return RequestOutput(request.request_id, [token], delta, new_logprobs=new_logprobs)
+            return self.text.delta(request, token, logprob)
         out = self._finish(request, reason, queue=False)
         out.new_token_ids = [token]
-        out.new_logprobs = new_logprobs
+        out.new_logprobs = [logprob] if logprob is not None else []
         return out
 
-    def _finish(
-        self, request: Request, reason: str, error: str | None = None, queue: bool = True
-    ) -> RequestOutput:
+    def _drain(self) -> list[RequestOutput]:
+        return self.text.drain(self._text_failed)
+
+    def _text_failed(self, request: Request, e: Exception) -> RequestOutput:
+        log.error("request %s failed", request.request_id, exc_info=e)
+        error = f"{type(e).__name__}: {e}"
+        if request.request_id in self.requests:
+            return self._finish(request, "error", error, queue=False)
+        request.finish_reason, request.error = "error", error  # it had ended with that token
+        return self.text.final(request)
+
+    def _release(self, request: Request, reason: str, error: str | None = None) -> None:
+        """End the request in the scheduler, sampler and grammar; its output comes apart."""
         self.scheduler.finish(request)
         self.sampler.forget(request.request_id)
         if self.grammar is not None:
@@ -247,25 +261,12 @@ class LLMEngine:
         self.requests.pop(request.request_id, None)
         request.finish_reason, request.error = reason, error
         request.timings.finished = time.time()
-        detok = self._detoks.pop(request.request_id, None)
-        delta = ""
-        if detok is not None:
-            if reason != "error":
-                detok.flush()
-            delta = detok.take_delta(final=True)
-        out = RequestOutput(
-            request_id=request.request_id,
-            new_token_ids=[],
-            delta_text=delta,
-            finished=True,
-            finish_reason=reason,
-            error=error,
-            prompt_token_ids=request.prompt_token_ids,
-            token_ids=request.output_token_ids,
-            text=detok.text if detok else "",
-            timings=request.timings,
-            logprobs=request.output_logprobs if request.params.logprobs is not None else None,
-        )
+
+    def _finish(
+        self, request: Request, reason: str, error: str | None = None, queue: bool = True
+    ) -> RequestOutput:
+        self._release(request, reason, error)
+        out = self.text.final(request)
         if queue:
             self._pending.append(out)
         return out
@@ -292,15 +293,7 @@ class LLMEngine:
         return [done[i] for i in ids]
 
     def stats(self) -> dict[str, Any]:
-        bm = self.block_manager
-        return {
-            "num_running": len(self.scheduler.running),
-            "num_waiting": len(self.scheduler.waiting),
-            "num_blocks": bm.num_blocks,
-            "num_free_blocks": bm.num_free_blocks,
-            "kv_cache_usage": bm.usage,
-            "prefix_cache_queries": bm.prefix_queries,
-            "prefix_cache_hits": bm.prefix_hits,
-            "num_preemptions": self.scheduler.num_preemptions,
-            **self.counters,
-        }
+        sched = self.scheduler
+        return {"num_running": len(sched.running), "num_waiting": len(sched.waiting),
+                **self.block_manager.stats(), "num_preemptions": sched.num_preemptions,
+                **self.counters}  # fmt: skip

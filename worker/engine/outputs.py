@@ -56,11 +56,15 @@ class StepStats:
             return "decode"
         return "prefill" if not self.num_decode_tokens else "mixed"
 
-    def add(self, num_tokens: int, start_pos: int, is_decode: bool) -> None:
+    def add(self, num_tokens: int, start_pos: int, num_prompt_tokens: int) -> int:
+        """Count one request's rows of the step; returns how many were prompt tokens (a
+        recomputation after a preemption is prefill work, not prompt)."""
         self.num_seqs += 1
-        if is_decode:
+        if num_tokens == 1 and start_pos >= num_prompt_tokens:  # a decode
             self.num_decode_tokens += num_tokens
         else:
             self.num_prefill_tokens += num_tokens
         self.kv_tokens_read += start_pos + num_tokens
         self.attn_context_sum += num_tokens * start_pos + num_tokens * (num_tokens + 1) // 2
+        end = start_pos + num_tokens
+        return max(0, min(end, num_prompt_tokens) - min(start_pos, num_prompt_tokens))
