@@ -3,10 +3,15 @@
 The engine's outputs are recorded here first, in memory (stream deltas, first-token
 times, jobs that started computing, terminal results), then written to Redis in one
 pipeline, in that order, with the queue acks last: a message is acked only after its
-result is durable (or moot). While Redis is away, recording goes on and nothing is
-written; when it is back, one flush writes everything the outage held up. A repeated
-write is harmless: a finish from a holder that lost its lease is dropped by the job
-store, and a start mark is set once.
+result is durable (or moot). A job's webhook is scheduled in the same pipeline as its
+result, and only if that result won (``SCHEDULE_IF_FINISHED`` in
+``infra/jobs/webhook_store.py``). A flush writes a batch taken out whole (``take``), on
+the writer's thread (``worker.writer``) while recording goes on here; a batch that
+failed is put back in front of what was recorded since (``restore``), so the next flush
+writes both in the order they were recorded. While Redis is away, recording goes on and
+nothing is written; when it is back, one flush writes everything the outage held up. A
+repeated write is harmless: a finish from a holder that lost its lease is dropped by the
+job store, a start mark is set once, and a webhook already scheduled is left as it is.
 
 Outputs are per choice (``worker.held``); a job's result is recorded once, when its last
 choice ends. A delta names its choice (``i``) and, when the job asked for logprobs,
@@ -21,7 +26,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from infra.jobs.webhooks import event_id
 from infra.wire import queues
+from infra.wire.codec import encode_value
 from infra.wire.jobstore import JobStore
 from infra.wire.protocol import JobStatus, Keys
 from worker.engine import RequestOutput
@@ -29,6 +36,8 @@ from worker.held import Held, HeldJob
 from worker.logprobs import LogprobEntries
 
 log = logging.getLogger(__name__)
+
+WEBHOOK_STATUSES = (JobStatus.COMPLETED, JobStatus.FAILED)
 
 
 @dataclass
@@ -112,9 +121,31 @@ class PendingWrites:
         self.started = [j for j in self.started if j.job_id != job_id]
         self.finished = [f for f in self.finished if f[0].job_id != job_id]
 
-    def flush(self, store: JobStore, pipe: Any, events_ttl: int) -> list[Saved]:
-        """Everything pending on one pipeline, executed; cleared only if it succeeded (a
-        Redis error leaves it all pending for the next flush)."""
+    def take(self) -> PendingWrites:
+        """Everything pending, moved out whole as one batch to flush; this starts empty."""
+        batch = PendingWrites(
+            self.entries, self.deltas, self.first_tokens, self.started, self.finished
+        )
+        self.deltas, self.first_tokens, self.started, self.finished = [], [], [], []
+        return batch
+
+    def restore(self, batch: PendingWrites, held: Held) -> None:
+        """A batch whose flush failed goes back before what was recorded since; what it
+        holds of a job dropped meanwhile (``forget``) stays dropped."""
+
+        def kept(jobs: list[HeldJob]) -> list[HeldJob]:
+            return [j for j in jobs if held.get(j.job_id) is j]
+
+        self.deltas = [d for d in batch.deltas if d[0] in held] + self.deltas
+        self.first_tokens = kept(batch.first_tokens) + self.first_tokens
+        self.started = kept(batch.started) + self.started
+        finished = [f for f in batch.finished if held.get(f[0].job_id) is f[0]]
+        self.finished = finished + self.finished
+
+    def flush(self, store: JobStore, pipe: Any, events_ttl: int, webhook: Any) -> list[Saved]:
+        """This batch on one pipeline, executed (a Redis error raises; the batch is left
+        as it was, to be restored). Reads only what recording no longer changes.
+        `webhook`: SCHEDULE_IF_FINISHED (infra/jobs/webhook_store.py), registered."""
         for job_id, event in self.deltas:
             pipe.xadd(Keys.events(job_id), event)
         for job in self.first_tokens:
@@ -131,11 +162,17 @@ class PendingWrites:
                 job.job_id, job.token, job.tenant, status,
                 events_ttl=events_ttl, client=pipe, **fields,
             )  # fmt: skip
+        for job, status, fields in finished:
+            if job.has_webhook and status in WEBHOOK_STATUSES:
+                msg_id = event_id(job.job_id, status.value)
+                keys = [Keys.job(job.job_id), Keys.webhook(msg_id), Keys.webhooks_due]
+                finished_at = encode_value(fields["finished_at"])
+                webhook(keys=keys, args=[finished_at, "job", job.job_id, msg_id, time.time()],
+                        client=pipe)  # fmt: skip
         for job, _, _ in finished:
             queues.Taker.ack(job.message, pipe)
         if not pipe.command_stack:
             return []
         results = pipe.execute()
-        self.deltas, self.first_tokens, self.started, self.finished = [], [], [], []
         won = results[results_at : results_at + len(finished)]
         return [Saved(j, s, bool(w)) for (j, s, _), w in zip(finished, won, strict=True)]

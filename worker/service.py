@@ -10,7 +10,8 @@ A Redis outage is weather, not death (``worker.outage``): the worker never exits
 connection error. While Redis is away it takes nothing new, keeps generating what it
 holds and records the outputs (``worker.results``); when Redis is back it refreshes its
 leases first (a job reaped meanwhile is dropped here), then writes what the outage held
-up. That includes start-up: a worker whose Redis is not there yet waits for it.
+up. That includes start-up: a worker whose Redis is not there yet waits for it. Results
+are written on a writer thread while the engine goes on stepping (``worker.writer``).
 """
 
 from __future__ import annotations
@@ -23,11 +24,10 @@ import time
 
 import redis
 
-from infra.jobs.webhooks import enqueue_webhook
 from infra.settings import Settings
 from infra.wire import queues
 from infra.wire.jobstore import JobStore
-from infra.wire.protocol import JobMessage, JobStatus, Keys, Priority, consume_order
+from infra.wire.protocol import JobMessage, Keys, Priority, consume_order
 from worker.boot import Boot
 from worker.choices import ChoiceRunner, JobSpec, request_id
 from worker.engine import LLMEngine
@@ -37,7 +37,8 @@ from worker.intake import Intake
 from worker.logprobs import LogprobEntries
 from worker.metrics import WorkerMetrics
 from worker.outage import Outage
-from worker.results import PendingWrites, Saved
+from worker.results import PendingWrites
+from worker.writer import ResultWriter
 
 log = logging.getLogger(__name__)
 
@@ -56,9 +57,11 @@ class WorkerService:
         worker_id: str | None = None,
         model: str = "",
         lane: str = "",
+        write_inline: bool = False,
     ) -> None:
         """`model`: the served name it runs (in its heartbeat); `lane`: that model's part of
-        the queue names ('' for the fleet's default model, infra/wire/models.py)."""
+        the queue names ('' for the fleet's default model, infra/wire/models.py);
+        `write_inline`: write results between steps, not beside them (a benchmark's baseline)."""
         assert settings.redis_url, "the worker needs REDIS_URL"
         self.engine = engine
         self.boot = Boot()
@@ -83,13 +86,13 @@ class WorkerService:
         self.outage = Outage(self.worker_id)  # starts "down": the first turn connects
         # outputs Redis has not confirmed yet
         self.pending = PendingWrites(LogprobEntries(engine.tokenizer))
-        self._webhooks: list[tuple[str, str]] = []  # (job id, status) not enqueued yet
+        self.writer = ResultWriter(self.redis, self.store, self.held, self.pending,
+                                   settings.events_ttl_seconds, inline=write_inline)  # fmt: skip
         self.metrics = WorkerMetrics.for_engine(engine, pool, settings, served=model)
         self.choices = ChoiceRunner(
             engine, lambda job, rid: self.metrics.track(rid, job.created_at)
         )
         self.metrics_url = ""  # set when the metrics endpoint starts (run)
-        self._served_work = 0  # prompt + n x max tokens of jobs finished, for the controller
         self._idle_since: float | None = time.time()
 
     # -- lifecycle -----------------------------------------------------------------
@@ -131,8 +134,6 @@ class WorkerService:
 
     def _iterate(self) -> bool:
         """One turn of the loop; False when a drain has finished."""
-        if self.pending or self._webhooks:
-            self._save()  # a Redis error interrupted the last write
         self._periodic()
         if self.draining:
             self.intake.release()
@@ -142,9 +143,9 @@ class WorkerService:
             self._fill()
         if self.engine.has_unfinished():
             self._step()
-            self._save()
         else:
             self.intake.wait_idle(IDLE_WAIT_SECONDS)  # until a new job is announced
+        self._write()
         return True
 
     def _offline_turn(self) -> bool:
@@ -174,13 +175,12 @@ class WorkerService:
         self.intake.subscribe(self.redis)
         self._next_refresh = self._next_heartbeat = 0.0
         self._periodic()  # leases first: the reaper gives them a grace after an outage
-        self._save()
+        self._write(everything=True)
         self.outage.recovered(held=len(self.held))
 
     def _shutdown(self) -> None:
         try:
-            if self.pending or self._webhooks:
-                self._save()
+            self._write(everything=True)  # after the flush in flight, what is left
             self.intake.release()
             for job in self.held.values():
                 self.choices.abort(job)
@@ -193,6 +193,7 @@ class WorkerService:
             # Held jobs keep their leases; the reaper re-queues them when they expire.
             log.warning("Redis unavailable at shutdown (%s); leases will expire instead", e)
         self.held.clear()
+        self.writer.close()
         self.metrics.close()
 
     # -- taking work -------------------------------------------------------------------
@@ -238,37 +239,15 @@ class WorkerService:
         except (ValueError, TypeError, KeyError) as e:
             self.held.add(held)
             self.pending.reject(held, f"rejected by the worker: {e}")
-            self._save()
 
     # -- results -----------------------------------------------------------------------
 
-    def _save(self) -> None:
-        """Write what is pending (one pipeline), then let go of the jobs it finished; a
-        job leaves `held` (its lease stops being refreshed) only once that succeeded."""
-        if self.pending:
-            saved = self.pending.flush(
-                self.store, self.redis.pipeline(transaction=False),
-                self.settings.events_ttl_seconds,
-            )  # fmt: skip
-            self._settle(saved)
-        self._send_webhooks()
-
-    def _settle(self, saved: list[Saved]) -> None:
-        for s in saved:
-            self.held.pop(s.held.job_id)
-            self._served_work += s.held.work
-            if not s.won:
-                log.warning("dropping result of %s: the lease moved on", s.held.job_id)
-            elif s.held.has_webhook and s.status in (JobStatus.COMPLETED, JobStatus.FAILED):
-                self._webhooks.append((s.held.job_id, s.status.value))
-        if saved and not self.held:
+    def _write(self, everything: bool = False) -> None:
+        """Settle what the writer wrote and hand it what is pending (``everything``: wait
+        until all of it is written)."""
+        let_go = self.writer.write_all() if everything else self.writer.write()
+        if let_go and not self.held:
             self._idle_since = time.time()
-
-    def _send_webhooks(self) -> None:
-        while self._webhooks:
-            job_id, status = self._webhooks[0]
-            enqueue_webhook(job_id, status)  # raises while the broker is away: kept
-            self._webhooks.pop(0)
 
     # -- leases, cancellation, heartbeat ----------------------------------------------------
 
@@ -282,6 +261,8 @@ class WorkerService:
                     leases, self.settings.lease_seconds
                 ).items():
                     job = self.held[job_id]
+                    if self.writer.is_finishing(job_id):
+                        continue  # its final write, in flight, cleared the lease
                     if state == "lost":  # reaped: another worker owns it now
                         log.warning("lost the lease on %s; dropping it here", job_id)
                         self.choices.abort(job)
@@ -302,7 +283,7 @@ class WorkerService:
         drain = self.beats.write(
             stats, held=len(self.held), draining=self.draining,
             free_slots=max(0, max_seqs - self.held.num_sequences),
-            served_work=self._served_work, idle_since=self._idle_since,
+            served_work=self.writer.served_work, idle_since=self._idle_since,
             metrics_url=self.metrics_url, cold_start_s=self.boot.seconds,
         )  # fmt: skip
         if drain and not self.draining:

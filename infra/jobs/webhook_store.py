@@ -60,6 +60,19 @@ return 1
 """
 
 
+# A delivery scheduled as ``WebhookStore.schedule`` makes it, but only if the job's record
+# still carries the given finished_at: queued by a worker in the same pipeline as its final
+# write (worker/results.py), so the webhook exists exactly when that write won, and no
+# crash can come between the two. KEYS: job, delivery, due set. ARGV: finished_at, kind,
+# object id, message id, due time.
+SCHEDULE_IF_FINISHED = """
+if redis.call('HGET', KEYS[1], 'finished_at') ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[2], 'kind', ARGV[2], 'obj_id', ARGV[3])
+redis.call('ZADD', KEYS[3], 'NX', ARGV[5], ARGV[4])
+return 1
+"""
+
+
 class WebhookStore:
     def __init__(self, client: redis.Redis, lease_seconds: float) -> None:
         self.r = client

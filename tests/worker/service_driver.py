@@ -50,12 +50,13 @@ def submit(
 
 
 def run(worker: WorkerService, client: redis.Redis, job_id: str, turns: int = 2000) -> dict:
-    """Turn the loop until the job has a terminal status; its record."""
+    """Turn the loop until the job has a terminal status and the worker let go of it (its
+    final write is settled a turn or more after it lands: ``worker.writer``); its record."""
     store = JobStore(client)
     for _ in range(turns):
         worker._iterate()
         record = store.get(job_id) or {}
-        if record.get("status") not in ("queued", "in_progress"):
+        if record.get("status") not in ("queued", "in_progress") and job_id not in worker.held:
             return record
     raise AssertionError(f"{job_id} did not end: {store.get(job_id)}")
 

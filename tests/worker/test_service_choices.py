@@ -40,7 +40,7 @@ def test_n_choices_are_seeded_one_apart_and_written_as_one_result(
     alone = engine.generate([prompt] * 3, seeded)
     assert [c["text"] for c in got] == [o.text for o in alone]
     assert len({c["text"] for c in got}) == 3
-    assert worker._served_work == int(record["prompt_tokens"]) + 3 * 8  # prompt + n x max
+    assert worker.writer.served_work == int(record["prompt_tokens"]) + 3 * 8  # prompt + n x max
     assert not worker.held and not worker.engine.has_unfinished()
     worker.engine.block_manager.assert_all_free()
     worker._shutdown()
