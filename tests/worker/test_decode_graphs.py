@@ -88,3 +88,20 @@ def test_padding_rows_write_no_kv(tiny_path):
 def test_the_torch_reference_refuses_eager_graphs(tiny_path):
     with pytest.raises(ValueError, match="torch reference"):
         make_engine(tiny_path, cuda_graphs="eager", attention_backend="torch")
+
+
+@needs_cpp
+def test_rows_that_sample_nothing_are_left_out_of_the_logits(tiny_path):
+    # A prefill chunk cut to one token by the step budget looks like a decode row but has
+    # no next token yet: the padded step drops its logits row.
+    from worker.engine.scheduler import ScheduledRequest
+
+    graphs = make_engine(tiny_path, cuda_graphs="eager", max_num_seqs=4).runner.graphs
+    assert graphs is not None
+    alone, ids = graphs.run([ScheduledRequest("a", [5], 3, [0], True)])
+    assert ids == ["a"]
+    both, ids = graphs.run(
+        [ScheduledRequest("a", [5], 3, [0], True), ScheduledRequest("b", [6], 3, [1], False)]
+    )
+    assert ids == ["a"] and both.shape == alone.shape
+    torch.testing.assert_close(both, alone, atol=1e-4, rtol=1e-4)

@@ -4,6 +4,8 @@ still add up to its final output."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from tests.conftest import make_engine
@@ -93,3 +95,45 @@ def test_a_request_without_stop_strings_reports_a_step_later(tiny_path):
 def test_the_setting_is_checked(tiny_path):
     with pytest.raises(ValueError, match="overlap_detokenize must be auto, on or off"):
         make_engine(tiny_path, overlap_detokenize="sometimes")
+
+
+def test_a_failed_deferred_text_leaves_other_rows_their_grammar_masks(tiny_path, monkeypatch):
+    # Regression: the failed request's logits row was dropped after the grammar masks had
+    # been matched to rows, so a constrained request behind it got the wrong row's mask.
+    pytest.importorskip("llguidance")
+    engine = make_engine(tiny_path, overlap_detokenize="on")
+    engine.add_request("plain", [1, 7, 8], SamplingParams(max_tokens=30, temperature=0.0))
+    email = r"[a-z]{2,8}@[a-z]{2,6}\.(com|org)"
+    for i in range(3):
+        engine.add_request(f"re{i}", [1, 40 + i, 41], SamplingParams(
+            max_tokens=40, temperature=1.0, seed=i, structured={"regex": email}))  # fmt: skip
+    engine.step()  # prefill: everyone samples a first token; "plain" is deferred
+
+    def explode(token_id: int) -> None:
+        raise RuntimeError("detokenizer broke")
+
+    monkeypatch.setattr(engine.text._detoks["plain"], "add_token", explode)
+    done = {}
+    while engine.has_unfinished():
+        for out in engine.step():
+            if out.finished:
+                done[out.request_id] = out
+    assert done["plain"].finish_reason == "error" and "detokenizer broke" in done["plain"].error
+    for i in range(3):
+        assert re.fullmatch(email, done[f"re{i}"].text), done[f"re{i}"].text
+    engine.block_manager.assert_all_free()
+
+
+def test_an_id_added_again_before_its_last_text_keeps_its_own_text(tiny_path):
+    # A job re-taken under the same request id while its previous run's last token still
+    # waits for its text: the old run's output is made first, the new run keeps its own.
+    engine = make_engine(tiny_path, overlap_detokenize="on")
+    params = SamplingParams(max_tokens=1, temperature=0.0)
+    engine.add_request("job", [1, 9, 10], params)
+    assert engine.step() == []  # the token is sampled, its text deferred
+    engine.add_request("job", [1, 9, 10], params)
+    outs = []
+    while engine.has_unfinished():
+        outs += [o for o in engine.step() if o.finished]
+    assert [o.request_id for o in outs] == ["job", "job"]
+    assert outs[0].text == outs[1].text and outs[0].token_ids == outs[1].token_ids

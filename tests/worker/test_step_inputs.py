@@ -88,3 +88,31 @@ def test_the_varlen_pack_names_every_prefill_chunk():
     assert batch.query_start.tolist() == [0, 20, 25]
     assert batch.start_pos.tolist() == [0, 17]
     assert batch.block_tables.tolist() == [[3, 4], [5, 6]]
+
+
+def test_a_reused_row_keeps_no_blocks_of_its_last_request():
+    b = builder(rows=1)
+    b.build([ScheduledRequest("a", [1] * 40, 0, [5, 6, 7], True)])
+    b.build([ScheduledRequest("b", [1] * 20, 0, [2, 3], True)])  # takes a's row
+    row = b.tables._rows["b"][0]
+    assert b.tables.view[row, :4].tolist() == [2, 3, 0, 0]
+
+
+def test_host_buffers_are_written_only_after_the_last_steps_copies_ran():
+    # On CUDA a step's copies can still be queued when the next step is built (a prefill
+    # chunk samples nothing, so nothing waited for the device): the builder waits for the
+    # event it recorded after them before writing the host buffers again.
+    b = builder()
+    order: list[str] = []
+
+    class Event:
+        def synchronize(self) -> None:
+            order.append("waited")
+
+    b.buffers.copies_done = Event()
+    view = b.buffers.view["input_ids"]
+    view[:] = -7
+    b.build([ScheduledRequest("a", [3] * 5, 0, [1], True)])
+    order.append(f"written {view[0]}")
+    assert order == ["waited", "written 3"]
+    assert b.buffers.copies_done is None  # CPU: no copies to wait for next time

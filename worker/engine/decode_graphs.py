@@ -97,11 +97,9 @@ class DecodeGraphs:
             graph.replay()
         else:
             logits = self._forward(size)
-        sampled = [i for i, s in enumerate(decodes) if s.sample]
-        ids = [decodes[i].request_id for i in sampled]
-        if len(sampled) == len(decodes):
-            return logits[: len(decodes)], ids
-        return logits[torch.tensor(sampled, device=logits.device)], ids
+        ids = [s.request_id for s in decodes if s.sample]
+        rows = self.builder.sampled_rows  # uploaded with the step's inputs
+        return (logits[: len(decodes)] if rows is None else logits[rows]), ids
 
     def _forward(self, size: int) -> torch.Tensor:
         """The padded step on the static buffers (what a graph captures)."""

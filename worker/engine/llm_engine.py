@@ -108,6 +108,8 @@ class LLMEngine:
     ) -> None:
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in the engine")
+        if self.text.is_deferred(request_id):  # ended, its last text not made yet
+            self._pending.extend(self._drain())
         self.validate(len(prompt_token_ids), params)
         check_prompt_ids(prompt_token_ids, self.model.config.vocab_size)
         if params.structured is not None:
@@ -154,6 +156,11 @@ class LLMEngine:
             result = self.runner.execute(sched)
             # The last step's deferred text, while the device runs this one (on CUDA).
             outputs += self._drain()
+            # A request whose deferred text just failed has ended: its rows are dropped.
+            live = [i for i, rid in enumerate(result.sampled_ids) if rid in self.requests]
+            if len(live) < len(result.sampled_ids):
+                result.logits, result.sampled_ids = result.logits[live], [
+                    result.sampled_ids[i] for i in live]  # fmt: skip
             masks = None
             if pending is not None:
                 assert self.grammar is not None
@@ -165,11 +172,6 @@ class LLMEngine:
                 if s.request_id in self.requests:
                     self._finish(self.requests[s.request_id], "error", f"model step failed: {e}")
             return outputs + self._pending_take()
-        # A request whose deferred text just failed has ended: its rows are dropped.
-        live = [i for i, rid in enumerate(result.sampled_ids) if rid in self.requests]
-        if len(live) < len(result.sampled_ids):
-            result.logits, result.sampled_ids = result.logits[live], [
-                result.sampled_ids[i] for i in live]  # fmt: skip
         stats = StepStats(num_sampled=len(result.sampled_ids))
         for s in sched.scheduled:
             if (request := self.requests.get(s.request_id)) is None:

@@ -54,6 +54,9 @@ class TextOutputs:
     def has_deferred(self) -> bool:
         return bool(self._deferred)
 
+    def is_deferred(self, request_id: str) -> bool:
+        return any(s.request.request_id == request_id for s in self._deferred)
+
     def stopped_by_text(self, request: Request, token: int) -> bool:
         """Now (a request that is not deferred): add the token's text; True when that
         text reached a stop string."""

@@ -9,11 +9,12 @@ context. Here instead:
 - ``StepBuffers``: one host array per input, allocated once at the largest step (pinned
   on CUDA, so copies are asynchronous), written through numpy views, then copied to the
   device buffers in one non-blocking copy each. On CPU the device buffers are the host
-  buffers: nothing is copied. The next step rewrites the host buffers only after the
-  sampler has read this step's tokens, which waits for the device.
-- ``BlockTables``: one row per running request, kept across steps; a step writes only the
-  blocks a request gained since its last step (block tables only grow while a request
-  holds its blocks; a preempted request gets a new table, noticed by identity).
+  buffers: nothing is copied. A step's copies may still be queued behind the previous
+  step's forward pass when the host moves on (a prefill chunk samples nothing, so
+  nothing waits for the device), so the builder records an event after its copies and
+  the next step waits for it before it writes the host buffers again.
+- ``BlockTables`` (``worker/engine/block_tables.py``): one row per running request, kept
+  across steps; a step writes only the blocks a request gained since its last step.
 
 ``StepBuilder.build`` orders the rows as the kernels expect (``kernels/attention.py``):
 decode rows first (sorted by context, and for the torch reference split into groups of
@@ -23,75 +24,23 @@ similar length), then prefill chunks.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 
 from kernels import AttentionMetadata
 from kernels.attention_metadata import DecodeGroup, PrefillBatch, PrefillChunk
+from worker.engine.block_tables import BlockTables, host_and_device
 from worker.engine.scheduler import ScheduledRequest
-
-
-def _pair(
-    size: tuple[int, ...], dtype: torch.dtype, device: torch.device, mirror: bool
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(host, device) buffers; on CPU one tensor unless mirror (tests of the copy path)."""
-    pinned = device.type == "cuda"
-    host = torch.zeros(size, dtype=dtype, pin_memory=pinned)
-    if device.type == "cpu" and not mirror:
-        return host, host
-    return host, torch.zeros(size, dtype=dtype, device=device)
-
-
-class BlockTables:
-    """Block tables of the running requests, one persistent row each (int64, block 0 pads)."""
-
-    def __init__(self, max_rows: int, max_blocks: int, device: torch.device, mirror: bool):
-        self.max_blocks = max_blocks
-        self.host, self.device = _pair((max_rows, max_blocks), torch.long, device, mirror)
-        self.view = self.host.numpy()
-        # request id -> (row, the block manager's table list, entries written)
-        self._rows: dict[str, tuple[int, list[int], int]] = {}
-        self._free = list(range(max_rows - 1, -1, -1))
-        self._dirty = 0  # rows [0, _dirty) may differ from the device copy
-
-    def row(self, s: ScheduledRequest, step_ids: set[str]) -> int:
-        """The request's row, with any blocks it gained since it was last written."""
-        table = s.block_table
-        entry = self._rows.get(s.request_id)
-        if entry is not None and entry[1] is table:
-            row, _, written = entry
-        else:  # new, or preempted and given a new table since
-            row, written = (entry[0] if entry is not None else self._take(step_ids)), 0
-        if len(table) > self.max_blocks:
-            raise ValueError(
-                f"request {s.request_id} holds {len(table)} blocks; the table has room for "
-                f"{self.max_blocks}"
-            )
-        if len(table) > written:
-            self.view[row, written : len(table)] = table[written:]
-            self._dirty = max(self._dirty, row + 1)
-        self._rows[s.request_id] = (row, table, len(table))
-        return row
-
-    def _take(self, step_ids: set[str]) -> int:
-        if not self._free:  # rows of requests that finished or wait: not in this step
-            gone = [rid for rid in self._rows if rid not in step_ids]
-            assert gone, "more requests in one step than block-table rows"
-            for rid in gone:
-                self._free.append(self._rows.pop(rid)[0])
-        return self._free.pop()
-
-    def upload(self) -> None:
-        if self.device is not self.host and self._dirty:
-            self.device[: self._dirty].copy_(self.host[: self._dirty], non_blocking=True)
-        self._dirty = 0
 
 
 class StepBuffers:
     """Host and device buffers for every per-step input, sized for the largest step."""
 
     def __init__(self, max_tokens: int, max_rows: int, device: torch.device, mirror: bool):
+        self.copies_done: Any = None  # a CUDA event after the last step's copies
+        self._cuda = device.type == "cuda"
         long, int32 = torch.long, torch.int32
         self.host: dict[str, torch.Tensor] = {}
         self.device: dict[str, torch.Tensor] = {}
@@ -103,8 +52,20 @@ class StepBuffers:
             ("query_start", max_rows + 1, int32), ("start_pos", max_rows, int32),
             ("prefill_rows", max_rows, long),
         ):  # fmt: skip
-            self.host[name], self.device[name] = _pair((size,), dtype, device, mirror)
+            self.host[name], self.device[name] = host_and_device((size,), dtype, device, mirror)
             self.view[name] = self.host[name].numpy()
+
+    def wait_for_copies(self) -> None:
+        """Before the host buffers are written: the last step's copies out of them ran."""
+        if self.copies_done is not None:
+            self.copies_done.synchronize()
+            self.copies_done = None
+
+    def copies_queued(self) -> None:
+        """After a step's copies: mark them, for ``wait_for_copies``."""
+        if self._cuda:
+            self.copies_done = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            self.copies_done.record()
 
     def upload(self, name: str, n: int) -> torch.Tensor:
         """The first n entries on the device (an asynchronous copy where they differ)."""
@@ -150,8 +111,10 @@ class StepBuilder:
         self.block_size = block_size
         self.split_decodes = split_decodes
         self.varlen = varlen
+        self.sampled_rows: torch.Tensor | None = None  # write_padded_decodes: rows to sample
 
     def build(self, scheduled: list[ScheduledRequest]) -> StepInputs:
+        self.buffers.wait_for_copies()
         decodes = sorted((s for s in scheduled if s.num_tokens == 1), key=lambda s: s.start_pos)
         prefills = [s for s in scheduled if s.num_tokens > 1]
         order = decodes + prefills
@@ -182,7 +145,7 @@ class StepBuilder:
         meta.prefills = self._prefill_chunks(prefills, rows[nd:], nd)
         if self.varlen and prefills:
             meta.prefill_batch = self._prefill_batch(prefills, rows[nd:], nd)
-        return StepInputs(
+        step = StepInputs(
             order=order,
             input_ids=buf.upload("input_ids", total),
             positions=buf.upload("positions", total),
@@ -190,6 +153,8 @@ class StepBuilder:
             logits_rows=buf.upload("logits_rows", len(logits_rows)),
             sampled_ids=sampled_ids,
         )
+        buf.copies_queued()
+        return step
 
     def _write_decodes(self, decodes: list[ScheduledRequest], rows: np.ndarray) -> None:
         """Decode rows: one token each at position start_pos, read through table row rows[i]."""
@@ -204,6 +169,7 @@ class StepBuilder:
         """A decode-only step padded to `size` rows, uploaded (``decode_graphs``): padding
         rows have token 0 at position 0, KV slot -1 (no write) and context 0 (reads
         nothing)."""
+        self.buffers.wait_for_copies()
         view, nd = self.buffers.view, len(decodes)
         ids = {s.request_id for s in decodes}
         rows = np.array([self.tables.row(s, ids) for s in decodes], dtype=np.int64)
@@ -214,6 +180,13 @@ class StepBuilder:
                           ("decode_rows", 0)):  # fmt: skip
             view[name][nd:size] = pad
             self.buffers.upload(name, size)
+        sampled = [i for i, s in enumerate(decodes) if s.sample]
+        if len(sampled) < nd:  # some rows are prefill chunks cut to one token: no logits
+            view["logits_rows"][: len(sampled)] = sampled
+            self.sampled_rows = self.buffers.upload("logits_rows", len(sampled))
+        else:
+            self.sampled_rows = None
+        self.buffers.copies_queued()
 
     def _decode_groups(self, decodes: list[ScheduledRequest]) -> list[DecodeGroup]:
         """Split decode rows (sorted by length) where padding to the group's longest wastes
