@@ -20,7 +20,6 @@ import torch.nn.functional as F
 
 from kernels import cpu as cpu_kernels
 
-
 # The row count oneDNN lays the packed weight out for. The packed matmul serves 3+ rows
 # (decode batches, prefill chunks); packed for 64 rows instead of 1, a decode-heavy run
 # (32 requests x 48 tokens, dummy:bench) took 1.20x less time and a prefill-heavy one
