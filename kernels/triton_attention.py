@@ -7,9 +7,11 @@ Cache layout as in ``kernels.attention``: ``[kv_heads, num_blocks, block_size, h
   context partition) handles that KV head's group of query heads, so each K/V row is
   read once per group; an online softmax per partition, then a reduction pass combines
   partitions (split-K for long contexts).
-- prefill/extend attention: a chunk of query tokens attends to its cached prefix and
-  causally to itself, reading K/V through the block table (chunked prefill and
-  prefix-cache hits need no dense copy).
+- prefill/extend attention, one launch per chunk: a chunk of query tokens attends to its
+  cached prefix and causally to itself, reading K/V through the block table (chunked
+  prefill and prefix-cache hits need no dense copy). The engine's steps use the varlen
+  form in ``kernels/triton_prefill.py`` (every chunk of a step in one launch, K/V read
+  once per query group); this one serves metadata without a packed ``prefill_batch``.
 
 ``tl.dot`` operands are at least 16 in each dimension (what a GPU compile accepts), so
 the kernels need block_size >= 16 and head_dim >= 16; query-head groups are padded to 16.

@@ -123,7 +123,7 @@ def test_the_engine_gives_the_same_tokens_with_triton_forced(tiny_path):
 
 def test_triton_refuses_shapes_a_gpu_compile_rejects(tiny_path):
     # tl.dot operands must be >= 16 in each dimension: block_size 8 would make a
-    # [16, 8] tile. (Query groups are padded to 16; prefill tiles are 16 or 32 rows.)
+    # [16, 8] tile. (Query groups are padded to 16; per-chunk prefill tiles are 16 or 32 rows.)
     with pytest.raises(ValueError, match="block_size >= 16"):
         make_engine(tiny_path, block_size=8, attention_backend="triton")
     set_attention_backend("auto")
