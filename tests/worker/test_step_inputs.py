@@ -105,14 +105,15 @@ def test_host_buffers_are_written_only_after_the_last_steps_copies_ran():
     b = builder()
     order: list[str] = []
 
+    view = b.buffers.view["input_ids"]
+
     class Event:
         def synchronize(self) -> None:
-            order.append("waited")
+            order.append(f"waited with input_ids[0] = {view[0]}")
 
     b.buffers.copies_done = Event()
-    view = b.buffers.view["input_ids"]
     view[:] = -7
     b.build([ScheduledRequest("a", [3] * 5, 0, [1], True)])
-    order.append(f"written {view[0]}")
-    assert order == ["waited", "written 3"]
+    order.append(f"built with input_ids[0] = {view[0]}")
+    assert order == ["waited with input_ids[0] = -7", "built with input_ids[0] = 3"]
     assert b.buffers.copies_done is None  # CPU: no copies to wait for next time

@@ -64,6 +64,7 @@ class LLMEngine:
         overlap = self.config.overlap_detokenize  # text a step late: on CUDA by default
         self.text = TextOutputs(tokenizer, overlap == "on" or (overlap == "auto" and cuda))
         self._pending: list[RequestOutput] = []
+        self._text_ended = False  # a failed deferred text ended a request this step
         self._arrivals = itertools.count()
         self.counters = {"prompt_tokens": 0, "generation_tokens": 0, "steps": 0}
         self.model_name = "model"  # from_pretrained sets the name it was given
@@ -156,11 +157,11 @@ class LLMEngine:
             result = self.runner.execute(sched)
             # The last step's deferred text, while the device runs this one (on CUDA).
             outputs += self._drain()
-            # A request whose deferred text just failed has ended: its rows are dropped.
-            live = [i for i, rid in enumerate(result.sampled_ids) if rid in self.requests]
-            if len(live) < len(result.sampled_ids):
+            if self._text_ended:  # a deferred text failed and ended its request: drop its rows
+                live = [i for i, rid in enumerate(result.sampled_ids) if rid in self.requests]
                 result.logits, result.sampled_ids = result.logits[live], [
                     result.sampled_ids[i] for i in live]  # fmt: skip
+                self._text_ended = False
             masks = None
             if pending is not None:
                 assert self.grammar is not None
@@ -250,6 +251,7 @@ class LLMEngine:
         log.error("request %s failed", request.request_id, exc_info=e)
         error = f"{type(e).__name__}: {e}"
         if request.request_id in self.requests:
+            self._text_ended = True
             return self._finish(request, "error", error, queue=False)
         request.finish_reason, request.error = "error", error  # it had ended with that token
         return self.text.final(request)
