@@ -2,7 +2,7 @@
 
 Backends: ``torch`` (kernels/torch_attention.py: gather the blocks, then SDPA), ``cpp`` (decode rows
 through ``kernels/csrc``'s native kernel, which reads K/V in place from the block pool;
-prefill chunks stay on SDPA, which is GEMM-shaped and fast there) and ``triton``
+prefill chunks on its AMX tile kernel where the CPU has one, else on SDPA) and ``triton``
 (CUDA). ``auto`` picks triton for CUDA tensors, cpp on CPU where it builds, and the
 torch reference otherwise.
 
@@ -27,6 +27,7 @@ from kernels.attention_metadata import AttentionMetadata
 
 BACKENDS = ("auto", "torch", "cpp", "triton")
 _backend = "auto"
+_tile_prefill = True
 
 
 def set_attention_backend(name: str) -> None:
@@ -111,11 +112,32 @@ def paged_attention(
             out[group.rows] = torch_attention.decode_attention(
                 query[group.rows], k_cache, v_cache, group, scale
             )
+    amx = cpp and prefill_on_tiles(query.dtype, query.shape[2])
     for chunk in meta.prefills:
-        out[chunk.rows] = torch_attention.prefill_attention(
-            query, key, value, k_cache, v_cache, chunk, scale
-        )
+        if amx:
+            out[chunk.rows] = cpu_kernels.ops().prefill_attention(
+                query[chunk.rows], k_cache, v_cache, chunk.block_table, chunk.start_pos, scale
+            )
+        else:
+            out[chunk.rows] = torch_attention.prefill_attention(
+                query, key, value, k_cache, v_cache, chunk, scale
+            )
     return out
+
+
+def prefill_on_tiles(dtype: torch.dtype, head_dim: int) -> bool:
+    """True where prefill chunks run on the native AMX kernel (bf16, head_dim a multiple of
+    32, a CPU with AMX tiles): 1.9-3.7x torch's CPU flash attention on its chunks
+    (``python scripts/bench_kernels.py``); elsewhere SDPA."""
+    if not _tile_prefill or dtype != torch.bfloat16 or head_dim % 32:
+        return False
+    return cpu_kernels.prefill_on_tiles()
+
+
+def set_tile_prefill(enabled: bool) -> None:
+    """Off: CPU prefill chunks take SDPA even where the AMX kernel runs (comparisons, tests)."""
+    global _tile_prefill
+    _tile_prefill = enabled
 
 
 def _triton_attention(

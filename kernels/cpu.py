@@ -1,6 +1,6 @@
-"""Native CPU kernels (kernels/csrc/cpu_kernels.cpp), compiled on first use.
+"""Native CPU kernels (kernels/csrc: cpu_kernels.cpp, cpu_prefill_amx.cpp), built on first use.
 
-``ops()`` builds the C++ file once with ``-O3 -march=native`` through
+``ops()`` builds the C++ files once, as one extension, with ``-O3 -march=native`` through
 ``torch.utils.cpp_extension`` and returns ``torch.ops.tide``, or ``None`` where the
 build is impossible (no compiler, ``TIDE_CPU_KERNELS=0``, or an engine-only install where
 ``infra.settings`` does not import, so there is no setting to read) or another process held
@@ -40,7 +40,9 @@ else:
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("csrc") / "cpu_kernels.cpp"
+CSRC = Path(__file__).with_name("csrc")
+# One extension from these files: the elementwise/decode kernels and the AMX prefill attention.
+SOURCES = (CSRC / "cpu_kernels.cpp", CSRC / "cpu_prefill_amx.cpp")
 CFLAGS = ("-O3", "-march=native", "-fopenmp")
 LDFLAGS = ("-fopenmp",)
 LOCK_NAME = "tide-build.lock"
@@ -78,7 +80,11 @@ def build_key(source: bytes) -> str:
 
 
 def build_dir() -> Path:
-    return cache_root() / f"cpu-{build_key(SOURCE.read_bytes())}"
+    return cache_root() / f"cpu-{build_key(_source_bytes())}"
+
+
+def _source_bytes() -> bytes:
+    return b"\0".join(src.name.encode() + b"\0" + src.read_bytes() for src in SOURCES)
 
 
 def load(directory: Path, wait_s: float = BUILD_WAIT_S) -> Any | None:
@@ -88,7 +94,7 @@ def load(directory: Path, wait_s: float = BUILD_WAIT_S) -> Any | None:
             # Only holders of our lock build here: torch's own lock file, if there is
             # one, was left by a build that was killed, and would make torch wait forever.
             (directory / "lock").unlink(missing_ok=True)
-            _build_and_load(_staged_source(directory), directory)
+            _build_and_load([_staged_source(src, directory) for src in SOURCES], directory)
     except Exception as exc:  # any build failure, or a wait past wait_s: use the torch path
         log.warning("native CPU kernels unavailable (%s); using the torch reference path", exc)
         return None
@@ -113,6 +119,14 @@ def gemv_max_rows() -> int:
     return int(native.gemv_max_rows()) if native is not None else 0
 
 
+@functools.cache
+def prefill_on_tiles() -> bool:
+    """The AMX prefill attention kernel is built and the OS granted this process the tile
+    state (kernels/csrc/cpu_prefill_amx.cpp)."""
+    native = ops()
+    return native is not None and bool(native.prefill_attention_supported())
+
+
 def main() -> int:
     """Build now and say what is available (``make kernels``, before tests and workers)."""
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -127,12 +141,12 @@ def main() -> int:
     return 0
 
 
-def _build_and_load(source: Path, directory: Path) -> None:
+def _build_and_load(sources: list[Path], directory: Path) -> None:
     from torch.utils import cpp_extension
 
     cpp_extension.load(
         name="tide_cpu_kernels",
-        sources=[str(source)],
+        sources=[str(src) for src in sources],
         extra_cflags=list(CFLAGS),
         extra_ldflags=list(LDFLAGS),
         build_directory=str(directory),
@@ -141,10 +155,10 @@ def _build_and_load(source: Path, directory: Path) -> None:
     )
 
 
-def _staged_source(directory: Path) -> Path:
+def _staged_source(source: Path, directory: Path) -> Path:
     # Rewritten only when it differs: a fresh mtime alone would make ninja rebuild.
-    text = SOURCE.read_bytes()
-    staged = directory / SOURCE.name
+    text = source.read_bytes()
+    staged = directory / source.name
     if not staged.is_file() or staged.read_bytes() != text:
         partial = staged.with_name(staged.name + ".partial")
         partial.write_bytes(text)

@@ -1,0 +1,96 @@
+"""The AMX prefill attention kernel (kernels/csrc/cpu_prefill_amx.cpp) against fp32 attention
+on the same bf16 data: query groups, head sizes, block sizes, chunks after cached prefixes
+that are not block aligned, scattered blocks, strided queries, and the inputs it refuses."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels import cpu as cpu_kernels
+
+pytestmark = pytest.mark.skipif(
+    not cpu_kernels.prefill_on_tiles(), reason="no AMX tiles here (or the kernels did not build)"
+)
+
+
+def reference(q, k_cache, v_cache, table, start, scale):
+    """fp32 softmax attention of q [L, H, D] at positions start.. against the cached K/V."""
+    L, H, D = q.shape
+    kvh, _, bs, _ = k_cache.shape
+    ctx = start + L
+    k = k_cache.view(kvh, -1, bs * D).index_select(1, table).view(kvh, -1, D)[:, :ctx].float()
+    v = v_cache.view(kvh, -1, bs * D).index_select(1, table).view(kvh, -1, D)[:, :ctx].float()
+    k, v = (t.repeat_interleave(H // kvh, dim=0) for t in (k, v))
+    scores = torch.einsum("qhd,hkd->hqk", q.float(), k) * scale
+    visible = torch.arange(ctx)[None, :] <= torch.arange(start, ctx)[:, None]
+    probs = scores.masked_fill(~visible, float("-inf")).softmax(-1)
+    return torch.einsum("hqk,hkd->qhd", probs, v)
+
+
+def cache_and_table(gen, kvh, ctx, bs, d):
+    num_blocks = -(-ctx // bs) + 5
+    k_cache = torch.randn(kvh, num_blocks, bs, d, generator=gen).to(torch.bfloat16)
+    v_cache = torch.randn(kvh, num_blocks, bs, d, generator=gen).to(torch.bfloat16)
+    table = torch.randperm(num_blocks, generator=gen)[: -(-ctx // bs) + 1]  # one spare block
+    return k_cache, v_cache, table
+
+
+@pytest.mark.parametrize(
+    ("L", "start", "heads", "kvh", "d", "bs"),
+    [
+        (1, 0, 4, 4, 64, 16),  # one token, no group
+        (5, 3, 4, 2, 64, 16),  # a prefix inside the first block
+        (100, 0, 16, 4, 64, 16),  # a fresh prompt, group 4 (the bench model's shape)
+        (17, 1000, 16, 4, 64, 16),  # a short chunk after a long prefix: mostly unmasked
+        (64, 64, 8, 1, 32, 32),  # group 8, head_dim 32, block 32
+        (300, 77, 12, 4, 128, 16),  # head_dim 128 (output rows in memory), group 3
+        (130, 63, 6, 6, 64, 4),  # block size 4; key blocks cross the diagonal mid-tile
+    ],
+)
+def test_matches_fp32_attention(L, start, heads, kvh, d, bs):
+    gen = torch.Generator().manual_seed(L * 1000 + start + d)
+    k_cache, v_cache, table = cache_and_table(gen, kvh, start + L, bs, d)
+    # q as the model passes it: a view into the fused qkv rows (row stride > heads * d).
+    qkv = torch.randn(L, heads * d + 2 * kvh * d, generator=gen).to(torch.bfloat16)
+    q = qkv[:, : heads * d].view(L, heads, d)
+    scale = d**-0.5
+    got = cpu_kernels.ops().prefill_attention(q, k_cache, v_cache, table, start, scale)
+    want = reference(q, k_cache, v_cache, table, start, scale)
+    assert got.shape == (L, heads, d) and got.dtype == torch.bfloat16
+    # bf16 output rounding is 2^-8 relative; the probabilities go through bf16 too.
+    torch.testing.assert_close(got.float(), want, atol=1.5e-2, rtol=1.5e-2)
+
+
+def test_large_scores_stay_finite_and_exact():
+    """Scores far apart (one key dominating by ~100 nats, then a later larger one): the
+    running maximum has to move mid-row and rescale what was accumulated."""
+    gen = torch.Generator().manual_seed(7)
+    L, heads, kvh, d, bs = 200, 4, 1, 64, 16
+    k_cache, v_cache, table = cache_and_table(gen, kvh, L, bs, d)
+    q = torch.randn(L, heads, d, generator=gen).to(torch.bfloat16)
+    first, later = table[0].item(), table[9].item()  # keys 0 and 144
+    k_cache[0, first, 0] = (q[:, 0].float().mean(0) * 12).to(torch.bfloat16)
+    k_cache[0, later, 0] = (q[:, 0].float().mean(0) * 40).to(torch.bfloat16)
+    got = cpu_kernels.ops().prefill_attention(q, k_cache, v_cache, table, 0, d**-0.5)
+    want = reference(q, k_cache, v_cache, table, 0, d**-0.5)
+    assert torch.isfinite(got.float()).all()
+    torch.testing.assert_close(got.float(), want, atol=1.5e-2, rtol=1.5e-2)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"dtype": torch.float32}, "bfloat16 only"),
+        ({"d": 48}, "multiple of 32"),
+        ({"short_table": True}, "the chunk needs"),
+        ({"heads": 6}, "not a multiple of kv heads"),
+    ],
+)
+def test_refuses_what_it_cannot_do(change, message):
+    d, heads, kvh, L = change.get("d", 64), change.get("heads", 8), 4, 40
+    k_cache = torch.zeros(kvh, 8, 16, d, dtype=change.get("dtype", torch.bfloat16))
+    q = torch.zeros(L, heads, d, dtype=k_cache.dtype)
+    table = torch.arange(2 if change.get("short_table") else 4)
+    with pytest.raises(RuntimeError, match=message):
+        cpu_kernels.ops().prefill_attention(q, k_cache, k_cache.clone(), table, 10, 0.125)
