@@ -23,7 +23,7 @@ import torch
 
 from kernels import cpu as cpu_kernels
 from kernels import torch_attention
-from kernels.attention_metadata import AttentionMetadata
+from kernels.attention_metadata import AttentionMetadata, DecodeGroup
 
 BACKENDS = ("auto", "torch", "cpp", "triton")
 _backend = "auto"
@@ -98,16 +98,12 @@ def paged_attention(
         return _triton_attention(query, k_cache, v_cache, meta, scale)
     cpp = decode_reads_rows_in_place(query.device, query.dtype)
     if cpp and not meta.prefills and len(meta.decode_groups) == 1:
-        g = meta.decode_groups[0]  # the whole step: no scatter into a separate output
-        return cpu_kernels.ops().paged_decode_attention(
-            query, k_cache, v_cache, g.block_tables, g.context_lens, scale
-        )
+        # the whole step: no scatter into a separate output
+        return _cpp_decode(query, k_cache, v_cache, meta.decode_groups[0], scale)
     out = torch.empty_like(query)
     for group in meta.decode_groups:
         if cpp:
-            out[group.rows] = cpu_kernels.ops().paged_decode_attention(
-                query[group.rows], k_cache, v_cache, group.block_tables, group.context_lens, scale
-            )
+            out[group.rows] = _cpp_decode(query[group.rows], k_cache, v_cache, group, scale)
         else:
             out[group.rows] = torch_attention.decode_attention(
                 query[group.rows], k_cache, v_cache, group, scale
@@ -123,6 +119,50 @@ def paged_attention(
                 query, key, value, k_cache, v_cache, chunk, scale
             )
     return out
+
+
+# Decode rows take the shared-prefix kernel when at least this many share at least this
+# many leading cached tokens (below that the per-row kernel is as fast).
+SHARED_MIN_ROWS = 4
+SHARED_MIN_TOKENS = 256
+_shared_seen: tuple[DecodeGroup | None, int] = (None, 0)
+
+
+def _cpp_decode(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    group: DecodeGroup,
+    scale: float,
+) -> torch.Tensor:
+    """Decode rows on the native kernels: where they share a long cached prefix (a common
+    system prompt), its keys are read once for all rows on AMX tiles
+    (``tide::decode_shared_prefix``); otherwise one task per row and KV head."""
+    ops = cpu_kernels.ops()
+    shared = shared_prefix_tokens(group, k_cache.shape[2])
+    if shared and prefill_on_tiles(query.dtype, query.shape[2]):
+        return ops.decode_shared_prefix(
+            query, k_cache, v_cache, group.block_tables, group.context_lens, shared, scale
+        )
+    return ops.paged_decode_attention(
+        query, k_cache, v_cache, group.block_tables, group.context_lens, scale
+    )
+
+
+def shared_prefix_tokens(group: DecodeGroup, block_size: int) -> int:
+    """Tokens in the leading blocks every row of the group has in common and fully in its
+    context (0 below SHARED_MIN_ROWS rows or SHARED_MIN_TOKENS tokens). Asked once per
+    group: every layer of a step passes the same group."""
+    global _shared_seen
+    if _shared_seen[0] is group:
+        return _shared_seen[1]
+    tables, tokens = group.block_tables, 0
+    if tables.shape[0] >= SHARED_MIN_ROWS:
+        same = (tables == tables[:1]).all(0).to(torch.int32).cumprod(0)
+        blocks = min(int(same.sum()), int(group.context_lens.min()) // block_size)
+        tokens = blocks * block_size if blocks * block_size >= SHARED_MIN_TOKENS else 0
+    _shared_seen = (group, tokens)
+    return tokens
 
 
 def prefill_on_tiles(dtype: torch.dtype, head_dim: int) -> bool:

@@ -23,6 +23,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <algorithm>
 #include <cstring>
 #include <limits>
 #include <memory>
@@ -346,12 +347,68 @@ void accumulate_in_memory(float* o, int64_t D, const at::BFloat16* pb, const Pac
   }
 }
 
+// One task's rows against key blocks [0, kb_end) of the packed K/V: the output rows are
+// left unnormalised in o (16 x D), the running maximum and sum in st.
 template <int DV>  // DV = head_dim / 16 where the output stays in tiles (1..4); 0: in memory
+void tile_pass(const at::BFloat16* qt, int64_t D, const Packed& kv, int64_t h, int64_t kb_end, float scale_log2,
+               RowState& st, float* o, float* s, at::BFloat16* pb) {
+  st.m = _mm512_set1_ps(-INFINITY);
+  st.l = _mm512_setzero_ps();
+  if constexpr (DV > 0) ResidentOut<DV>::zero();
+  else std::fill(o, o + kRows * D, 0.f);
+  const int64_t first_last = st.last_key[0];
+  for (int64_t kb = 0; kb < kb_end; ++kb) {
+    scores(qt, D, kv, h, kb, s);
+    __m512 alpha;
+    const bool mask = (kb + 1) * kKeys - 1 > first_last;
+    const __mmask16 moved = softmax_step(s, pb, kb * kKeys, mask, scale_log2, st, alpha);
+    if constexpr (DV > 0) {
+      if (moved && kb > 0) {
+        ResidentOut<DV>::store(o);
+        rescale_rows(o, D, moved, alpha);
+        ResidentOut<DV>::load(o);
+      }
+      ResidentOut<DV>::accumulate(pb, kv, h, kb);
+    } else {
+      if (moved && kb > 0) rescale_rows(o, D, moved, alpha);
+      accumulate_in_memory(o, D, pb, kv, h, kb);
+    }
+  }
+  if constexpr (DV > 0) ResidentOut<DV>::store(o);
+}
+
+// Rows of a task: (position or decode row i, query head g) pairs of KV head h, r = i * G + g.
+struct TaskRows {
+  const at::BFloat16* q;
+  int64_t qs0, qs1, G, R, D;
+  // Copies the task's query rows into qt (rows past R: zeros) and returns how many are real.
+  int load(int64_t h, int64_t r0, at::BFloat16* qt) const {
+    for (int r = 0; r < kRows; ++r) {
+      if (r0 + r < R) {
+        const int64_t i = (r0 + r) / G, g = (r0 + r) % G;
+        std::memcpy(qt + r * D, q + i * qs0 + (h * G + g) * qs1, D * sizeof(at::BFloat16));
+      } else {
+        std::memset(qt + r * D, 0, D * sizeof(at::BFloat16));
+      }
+    }
+    return static_cast<int>(std::min<int64_t>(kRows, R - r0));
+  }
+};
+
+// out row = o row / l, rounded to bf16.
+inline void write_row(const float* o, float l, int64_t D, at::BFloat16* dst) {
+  const __m512 inv = _mm512_set1_ps(1.f / l);
+  for (int64_t d = 0; d < D; d += 16) {
+    const __m512 v = _mm512_mul_ps(_mm512_loadu_ps(o + d), inv);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + d), (__m256i)_mm512_cvtneps_pbh(v));
+  }
+}
+
+template <int DV>
 void attend_chunk(const at::Tensor& q, const Packed& kv, int64_t KVH, int64_t start, float scale, at::Tensor& out) {
   const int64_t L = q.size(0), H = q.size(1), D = q.size(2), G = H / KVH;
-  const int64_t R = L * G, tiles = (R + kRows - 1) / kRows;
-  const int64_t qs0 = q.stride(0), qs1 = q.stride(1), os0 = out.stride(0), os1 = out.stride(1);
-  const auto* qp = q.data_ptr<at::BFloat16>();
+  const TaskRows rows{q.data_ptr<at::BFloat16>(), q.stride(0), q.stride(1), G, L * G, D};
+  const int64_t tiles = (rows.R + kRows - 1) / kRows;
   auto* op = out.data_ptr<at::BFloat16>();
   const float scale_log2 = scale * 1.4426950408889634f;
   at::parallel_for(0, KVH * tiles, 1, [&](int64_t begin, int64_t end) {
@@ -361,48 +418,102 @@ void attend_chunk(const at::Tensor& q, const Packed& kv, int64_t KVH, int64_t st
     RowState st;
     for (int64_t item = begin; item < end; ++item) {
       const int64_t h = item / tiles, r0 = (item % tiles) * kRows;
-      for (int r = 0; r < kRows; ++r) {  // row r0 + r: position (r0 + r) / G, head h * G + (r0 + r) % G
-        const int64_t row = std::min(r0 + r, R - 1);  // rows past the end: zeros, seeing what the last sees
-        const int64_t i = row / G, g = row % G;
-        if (r0 + r < R)
-          std::memcpy(qt.data() + r * D, qp + i * qs0 + (h * G + g) * qs1, D * sizeof(at::BFloat16));
-        else
-          std::memset(qt.data() + r * D, 0, D * sizeof(at::BFloat16));
-        st.last_key[r] = static_cast<int32_t>(start + i);
-      }
-      st.m = _mm512_set1_ps(-INFINITY);
-      st.l = _mm512_setzero_ps();
-      if constexpr (DV > 0) ResidentOut<DV>::zero();
-      else std::fill(o.begin(), o.end(), 0.f);
-      const int64_t first_last = st.last_key[0], last_last = st.last_key[kRows - 1];
-      for (int64_t kb = 0; kb * kKeys <= last_last; ++kb) {
-        scores(qt.data(), D, kv, h, kb, s.data());
-        __m512 alpha;
-        const bool mask = (kb + 1) * kKeys - 1 > first_last;
-        const __mmask16 moved = softmax_step(s.data(), pb.data(), kb * kKeys, mask, scale_log2, st, alpha);
-        if constexpr (DV > 0) {
-          if (moved && kb > 0) {
-            ResidentOut<DV>::store(o.data());
-            rescale_rows(o.data(), D, moved, alpha);
-            ResidentOut<DV>::load(o.data());
-          }
-          ResidentOut<DV>::accumulate(pb.data(), kv, h, kb);
-        } else {
-          if (moved && kb > 0) rescale_rows(o.data(), D, moved, alpha);
-          accumulate_in_memory(o.data(), D, pb.data(), kv, h, kb);
-        }
-      }
-      if constexpr (DV > 0) ResidentOut<DV>::store(o.data());
+      const int real = rows.load(h, r0, qt.data());
+      // Query i sees keys ..= start + i; rows past the end see what the last real one sees.
+      for (int r = 0; r < kRows; ++r) st.last_key[r] = static_cast<int32_t>(start + (r0 + std::min(r, real - 1)) / G);
+      tile_pass<DV>(qt.data(), D, kv, h, st.last_key[kRows - 1] / kKeys + 1, scale_log2, st, o.data(), s.data(),
+                    pb.data());
       alignas(64) float l[kRows];
       _mm512_store_ps(l, st.l);
-      for (int r = 0; r < kRows && r0 + r < R; ++r) {
+      for (int r = 0; r < real; ++r) {
         const int64_t i = (r0 + r) / G, g = (r0 + r) % G;
-        at::BFloat16* dst = op + i * os0 + (h * G + g) * os1;
-        const __m512 inv = _mm512_set1_ps(1.f / l[r]);
-        for (int64_t d = 0; d < D; d += 16) {
-          const __m512 v = _mm512_mul_ps(_mm512_loadu_ps(o.data() + r * D + d), inv);
-          _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + d), (__m256i)_mm512_cvtneps_pbh(v));
-        }
+        write_row(o.data() + r * D, l[r], D, op + i * out.stride(0) + (h * G + g) * out.stride(1));
+      }
+    }
+    _tile_release();
+  });
+}
+
+// Continues one row's online softmax (maximum m, sum l, output orow) over its own keys
+// [from, len) of the block table, 16 at a time: scores by bf16 dot products, one transpose.
+void own_keys(const at::BFloat16* qrow, int64_t D, const at::BFloat16* k_head, const at::BFloat16* v_head,
+              const int64_t* table, int64_t BS, int64_t from, int64_t len, float scale_log2, float& m, float& l,
+              float* orow) {
+  for (int64_t t0 = from; t0 < len; t0 += 16) {
+    const int cnt = static_cast<int>(std::min<int64_t>(16, len - t0));
+    int64_t off[16];
+    __m512 part[16];
+    for (int j = 0; j < 16; ++j) {
+      part[j] = _mm512_setzero_ps();
+      if (j >= cnt) continue;
+      const int64_t t = t0 + j;
+      off[j] = (table[t / BS] * BS + t % BS) * D;
+      for (int64_t d = 0; d < D; d += 32)
+        part[j] = _mm512_dpbf16_ps(part[j], (__m512bh)_mm512_loadu_si512(qrow + d),
+                                   (__m512bh)_mm512_loadu_si512(k_head + off[j] + d));
+    }
+    const __mmask16 keep = cnt == 16 ? 0xFFFF : static_cast<__mmask16>((1u << cnt) - 1);
+    const __m512 x = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), keep,
+                                        _mm512_mul_ps(across_rows<Sum>(part), _mm512_set1_ps(scale_log2)));
+    const float block_max = _mm512_reduce_max_ps(x);
+    if (block_max > m) {  // rare once the shared keys are in: move the maximum exactly
+      const float alpha = std::exp2(m - block_max);
+      l *= alpha;
+      for (int64_t d = 0; d < D; d += 16)
+        _mm512_storeu_ps(orow + d, _mm512_mul_ps(_mm512_loadu_ps(orow + d), _mm512_set1_ps(alpha)));
+      m = block_max;
+    }
+    const __m512 p = _mm512_maskz_mov_ps(keep, exp2_neg(_mm512_sub_ps(x, _mm512_set1_ps(m))));
+    l += _mm512_reduce_add_ps(p);
+    alignas(64) float pa[16];
+    _mm512_store_ps(pa, p);
+    for (int j = 0; j < cnt; ++j) {
+      const __m512 pj = _mm512_set1_ps(pa[j]);
+      for (int64_t d = 0; d < D; d += 16) {
+        const __m512 v = _mm512_castsi512_ps(
+            _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(v_head + off[j] + d))), 16));
+        _mm512_storeu_ps(orow + d, _mm512_fmadd_ps(pj, v, _mm512_loadu_ps(orow + d)));
+      }
+    }
+  }
+}
+
+// Decode rows whose first `shared` keys are the same cached blocks (a shared system prompt):
+// the shared keys on tiles for every row at once, then each row's own keys one by one.
+template <int DV>
+void attend_shared_decode(const at::Tensor& q, const Packed& kv, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                          const int64_t* tables, int64_t max_blocks, const int32_t* lens, int64_t shared, float scale,
+                          at::Tensor& out) {
+  const int64_t n = q.size(0), H = q.size(1), D = q.size(2), KVH = k_cache.size(0), G = H / KVH;
+  const int64_t NB = k_cache.size(1), BS = k_cache.size(2);
+  const TaskRows rows{q.data_ptr<at::BFloat16>(), q.stride(0), q.stride(1), G, n * G, D};
+  const int64_t tiles = (rows.R + kRows - 1) / kRows;
+  const auto* kc = k_cache.data_ptr<at::BFloat16>();
+  const auto* vc = v_cache.data_ptr<at::BFloat16>();
+  auto* op = out.data_ptr<at::BFloat16>();
+  const float scale_log2 = scale * 1.4426950408889634f;
+  at::parallel_for(0, KVH * tiles, 1, [&](int64_t begin, int64_t end) {
+    configure_tiles();
+    std::vector<at::BFloat16> qt(kRows * D), pb(kRows * kKeys);
+    std::vector<float> s(kRows * kKeys), o(kRows * D);
+    RowState st;
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t h = item / tiles, r0 = (item % tiles) * kRows;
+      const int real = rows.load(h, r0, qt.data());
+      for (int r = 0; r < kRows; ++r) st.last_key[r] = static_cast<int32_t>(shared - 1);
+      tile_pass<DV>(qt.data(), D, kv, h, (shared + kKeys - 1) / kKeys, scale_log2, st, o.data(), s.data(), pb.data());
+      alignas(64) float m[kRows], l[kRows];
+      _mm512_store_ps(m, st.m);
+      _mm512_store_ps(l, st.l);
+      for (int r = 0; r < real; ++r) {
+        const int64_t i = (r0 + r) / G, g = (r0 + r) % G;
+        const int64_t* table = tables + i * max_blocks;
+        float* orow = o.data() + r * D;
+        const at::BFloat16* qrow = qt.data() + r * D;
+        float mr = m[r], lr = l[r];
+        own_keys(qrow, D, kc + h * NB * BS * D, vc + h * NB * BS * D, table, BS, shared, lens[i], scale_log2, mr, lr,
+                 orow);
+        write_row(orow, lr, D, op + i * out.stride(0) + (h * G + g) * out.stride(1));
       }
     }
     _tile_release();
@@ -419,30 +530,36 @@ bool prefill_attention_supported() {
 #endif
 }
 
+void check_inputs(const char* op, const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache) {
+  TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 4 && v_cache.sizes() == k_cache.sizes(), op,
+              ": q [rows, H, D], caches [kv_heads, blocks, block_size, D]");
+  TORCH_CHECK(q.scalar_type() == at::kBFloat16 && k_cache.scalar_type() == at::kBFloat16 &&
+                  v_cache.scalar_type() == at::kBFloat16,
+              op, ": bfloat16 only");
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && q.stride(2) == 1, op,
+              ": caches contiguous, q rows contiguous along head_dim");
+  TORCH_CHECK(q.size(2) == k_cache.size(3) && q.size(2) % 32 == 0, op,
+              ": head_dim must match and be a multiple of 32");
+  TORCH_CHECK(q.size(1) % k_cache.size(0) == 0, op, ": heads ", q.size(1), " not a multiple of kv heads ",
+              k_cache.size(0));
+}
+
 at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                              const at::Tensor& block_table, int64_t start_pos, double scale) {
   TORCH_CHECK(prefill_attention_supported(), "prefill_attention: this build or CPU has no AMX tiles");
-  TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 4 && v_cache.sizes() == k_cache.sizes(),
-              "prefill_attention: q [L, H, D], caches [kv_heads, blocks, block_size, D]");
-  TORCH_CHECK(q.scalar_type() == at::kBFloat16 && k_cache.scalar_type() == at::kBFloat16 &&
-                  v_cache.scalar_type() == at::kBFloat16,
-              "prefill_attention: bfloat16 only");
-  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && q.stride(2) == 1,
-              "prefill_attention: caches contiguous, q rows contiguous along head_dim");
-  const int64_t L = q.size(0), H = q.size(1), D = q.size(2), KVH = k_cache.size(0), BS = k_cache.size(2);
-  TORCH_CHECK(D == k_cache.size(3) && D % 32 == 0, "prefill_attention: head_dim must match and be a multiple of 32");
-  TORCH_CHECK(H % KVH == 0, "prefill_attention: heads ", H, " not a multiple of kv heads ", KVH);
+  check_inputs("prefill_attention", q, k_cache, v_cache);
+  const int64_t L = q.size(0), KVH = k_cache.size(0), BS = k_cache.size(2);
   TORCH_CHECK(block_table.scalar_type() == at::kLong && block_table.is_contiguous(),
               "prefill_attention: block_table int64, contiguous");
   const int64_t ctx = start_pos + L;
   TORCH_CHECK(start_pos >= 0 && block_table.numel() * BS >= ctx, "prefill_attention: block_table covers ",
               block_table.numel() * BS, " tokens, the chunk needs ", ctx);
-  at::Tensor out = at::empty({L, H, D}, q.options().memory_format(at::MemoryFormat::Contiguous));
+  at::Tensor out = at::empty(q.sizes(), q.options().memory_format(at::MemoryFormat::Contiguous));
 #if defined(TIDE_AMX)
   if (L == 0) return out;
   const Packed kv = pack_kv(k_cache, v_cache, block_table.data_ptr<int64_t>(), ctx);
   const float fscale = static_cast<float>(scale);
-  switch (D) {
+  switch (q.size(2)) {
     case 32: attend_chunk<2>(q, kv, KVH, start_pos, fscale, out); break;
     case 64: attend_chunk<4>(q, kv, KVH, start_pos, fscale, out); break;
     default: attend_chunk<0>(q, kv, KVH, start_pos, fscale, out);
@@ -451,12 +568,52 @@ at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& k_cache, con
   return out;
 }
 
+at::Tensor decode_shared_prefix(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                                const at::Tensor& block_tables, const at::Tensor& context_lens, int64_t shared,
+                                double scale) {
+  TORCH_CHECK(prefill_attention_supported(), "decode_shared_prefix: this build or CPU has no AMX tiles");
+  check_inputs("decode_shared_prefix", q, k_cache, v_cache);
+  const int64_t n = q.size(0), BS = k_cache.size(2);
+  TORCH_CHECK(block_tables.scalar_type() == at::kLong && block_tables.is_contiguous() && block_tables.dim() == 2 &&
+                  block_tables.size(0) == n,
+              "decode_shared_prefix: block_tables must be contiguous int64 [n, max_blocks]");
+  TORCH_CHECK(context_lens.scalar_type() == at::kInt && context_lens.is_contiguous() && context_lens.numel() == n,
+              "decode_shared_prefix: context_lens must be contiguous int32 [n]");
+  TORCH_CHECK(n > 0 && shared > 0 && shared % BS == 0 && shared / BS <= block_tables.size(1),
+              "decode_shared_prefix: shared must be a positive multiple of block_size within the tables, got ", shared);
+  const int64_t* tables = block_tables.data_ptr<int64_t>();
+  const int32_t* lens = context_lens.data_ptr<int32_t>();
+  const int64_t max_blocks = block_tables.size(1);
+  for (int64_t i = 0; i < n; ++i) {
+    TORCH_CHECK(lens[i] >= shared && lens[i] <= max_blocks * BS, "decode_shared_prefix: row ", i, " has context ",
+                lens[i], ", outside ", shared, "..", max_blocks * BS);
+    TORCH_CHECK(std::equal(tables, tables + shared / BS, tables + i * max_blocks),
+                "decode_shared_prefix: row ", i, " does not share the first ", shared / BS, " blocks of row 0");
+  }
+  at::Tensor out = at::empty(q.sizes(), q.options().memory_format(at::MemoryFormat::Contiguous));
+#if defined(TIDE_AMX)
+  const Packed kv = pack_kv(k_cache, v_cache, tables, shared);
+  const float fscale = static_cast<float>(scale);
+  switch (q.size(2)) {
+    case 32: attend_shared_decode<2>(q, kv, k_cache, v_cache, tables, max_blocks, lens, shared, fscale, out); break;
+    case 64: attend_shared_decode<4>(q, kv, k_cache, v_cache, tables, max_blocks, lens, shared, fscale, out); break;
+    default: attend_shared_decode<0>(q, kv, k_cache, v_cache, tables, max_blocks, lens, shared, fscale, out);
+  }
+#endif
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(tide, m) {
+  m.def("decode_shared_prefix(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, Tensor context_lens, "
+        "int shared, float scale) -> Tensor");
   m.def("prefill_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, int start_pos, "
         "float scale) -> Tensor");
   m.def("prefill_attention_supported() -> bool", &prefill_attention_supported);
 }
 
-TORCH_LIBRARY_IMPL(tide, CPU, m) { m.impl("prefill_attention", &prefill_attention); }
+TORCH_LIBRARY_IMPL(tide, CPU, m) {
+  m.impl("prefill_attention", &prefill_attention);
+  m.impl("decode_shared_prefix", &decode_shared_prefix);
+}

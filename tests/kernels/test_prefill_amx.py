@@ -4,14 +4,28 @@ that are not block aligned, scattered blocks, strided queries, and the inputs it
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
 from kernels import cpu as cpu_kernels
 
-pytestmark = pytest.mark.skipif(
-    not cpu_kernels.prefill_on_tiles(), reason="no AMX tiles here (or the kernels did not build)"
-)
+
+def cpu_has_amx() -> bool:
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "amx_bf16" in flags and "avx512_bf16" in flags
+
+
+# Skipped only on CPUs without AMX: where it has them, a kernel that fails to build fails here.
+pytestmark = pytest.mark.skipif(not cpu_has_amx(), reason="this CPU has no AMX tiles")
+
+
+def test_the_kernel_is_offered_here():
+    assert cpu_kernels.prefill_on_tiles(), "AMX CPU, but the tile kernel is not built or granted"
 
 
 def reference(q, k_cache, v_cache, table, start, scale):
@@ -94,3 +108,52 @@ def test_refuses_what_it_cannot_do(change, message):
     table = torch.arange(2 if change.get("short_table") else 4)
     with pytest.raises(RuntimeError, match=message):
         cpu_kernels.ops().prefill_attention(q, k_cache, k_cache.clone(), table, 10, 0.125)
+
+
+def shared_prefix_rows(gen, n, kvh, heads, d, bs, shared_blocks, own):
+    """n decode rows whose tables start with the same `shared_blocks` blocks, then `own[i]`
+    keys of their own in blocks of their own; their K/V random."""
+    own_blocks = [-(-o // bs) for o in own]
+    num_blocks = shared_blocks + sum(own_blocks) + 2
+    k_cache = torch.randn(kvh, num_blocks, bs, d, generator=gen).to(torch.bfloat16)
+    v_cache = torch.randn(kvh, num_blocks, bs, d, generator=gen).to(torch.bfloat16)
+    perm = torch.randperm(num_blocks, generator=gen).tolist()
+    prefix, rest = perm[:shared_blocks], perm[shared_blocks:]
+    width = shared_blocks + max(own_blocks)
+    tables = torch.zeros(n, width, dtype=torch.long)
+    for i, nb in enumerate(own_blocks):
+        row, rest = prefix + rest[:nb], rest[nb:]
+        tables[i, : len(row)] = torch.tensor(row)
+    lens = torch.tensor([shared_blocks * bs + o for o in own], dtype=torch.int32)
+    q = torch.randn(n, heads, d, generator=gen).to(torch.bfloat16)
+    return q, k_cache, v_cache, tables, lens
+
+
+@pytest.mark.parametrize(
+    ("n", "heads", "kvh", "d", "bs", "shared_blocks"),
+    [(64, 16, 4, 64, 16, 64), (5, 8, 1, 32, 16, 7), (9, 12, 4, 128, 32, 3), (3, 4, 4, 64, 4, 33)],
+)
+def test_shared_prefix_decode_matches_each_row_alone(n, heads, kvh, d, bs, shared_blocks):
+    gen = torch.Generator().manual_seed(n * 7 + d)
+    own = [int(x) for x in torch.randint(0, 90, (n,), generator=gen)]  # 0: only the prefix
+    q, k_cache, v_cache, tables, lens = shared_prefix_rows(
+        gen, n, kvh, heads, d, bs, shared_blocks, own
+    )
+    scale = d**-0.5
+    got = cpu_kernels.ops().decode_shared_prefix(
+        q, k_cache, v_cache, tables, lens, shared_blocks * bs, scale
+    )
+    for i in range(n):  # row i is the last query of its sequence: it sees every key
+        ctx = int(lens[i])
+        want = reference(q[i : i + 1], k_cache, v_cache, tables[i], ctx - 1, scale)
+        torch.testing.assert_close(got[i : i + 1].float(), want, atol=1.5e-2, rtol=1.5e-2)
+
+
+def test_shared_prefix_decode_refuses_rows_that_do_not_share():
+    gen = torch.Generator().manual_seed(3)
+    q, k_cache, v_cache, tables, lens = shared_prefix_rows(gen, 4, 2, 8, 64, 16, 4, [5, 6, 7, 8])
+    tables[2, 1] = tables[2, 4]  # row 2's second block is its own, not the shared one
+    with pytest.raises(RuntimeError, match="does not share"):
+        cpu_kernels.ops().decode_shared_prefix(q, k_cache, v_cache, tables, lens, 64, 0.125)
+    with pytest.raises(RuntimeError, match="multiple of block_size"):
+        cpu_kernels.ops().decode_shared_prefix(q, k_cache, v_cache, tables, lens, 40, 0.125)
