@@ -1,4 +1,4 @@
-"""Native CPU kernels (kernels/csrc: cpu_kernels.cpp, cpu_prefill_amx.cpp), built on first use.
+"""Native CPU kernels (kernels/csrc: the SOURCES and HEADERS below), built on first use.
 
 ``ops()`` builds the C++ files once, as one extension, with ``-O3 -march=native`` through
 ``torch.utils.cpp_extension`` and returns ``torch.ops.tide``, or ``None`` where the
@@ -41,8 +41,10 @@ else:
 log = logging.getLogger(__name__)
 
 CSRC = Path(__file__).with_name("csrc")
-# One extension from these files: the elementwise/decode kernels and the AMX prefill attention.
-SOURCES = (CSRC / "cpu_kernels.cpp", CSRC / "cpu_prefill_amx.cpp")
+# One extension from these files: the elementwise/decode kernels, and attention on AMX tiles
+# (prefill chunks; decode rows sharing a cached prefix) with the headers they include.
+SOURCES = (CSRC / "cpu_kernels.cpp", CSRC / "cpu_prefill_amx.cpp", CSRC / "cpu_shared_decode.cpp")
+HEADERS = (CSRC / "amx_kv_pack.h", CSRC / "amx_tile_pass.h")
 CFLAGS = ("-O3", "-march=native", "-fopenmp")
 LDFLAGS = ("-fopenmp",)
 LOCK_NAME = "tide-build.lock"
@@ -84,7 +86,7 @@ def build_dir() -> Path:
 
 
 def _source_bytes() -> bytes:
-    return b"\0".join(src.name.encode() + b"\0" + src.read_bytes() for src in SOURCES)
+    return b"\0".join(src.name.encode() + b"\0" + src.read_bytes() for src in SOURCES + HEADERS)
 
 
 def load(directory: Path, wait_s: float = BUILD_WAIT_S) -> Any | None:
@@ -94,6 +96,8 @@ def load(directory: Path, wait_s: float = BUILD_WAIT_S) -> Any | None:
             # Only holders of our lock build here: torch's own lock file, if there is
             # one, was left by a build that was killed, and would make torch wait forever.
             (directory / "lock").unlink(missing_ok=True)
+            for header in HEADERS:  # beside the sources, for their #include "..."
+                _staged_source(header, directory)
             _build_and_load([_staged_source(src, directory) for src in SOURCES], directory)
     except Exception as exc:  # any build failure, or a wait past wait_s: use the torch path
         log.warning("native CPU kernels unavailable (%s); using the torch reference path", exc)

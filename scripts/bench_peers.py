@@ -15,7 +15,9 @@ Each engine runs in its own process in turn (vLLM in the peers' virtualenv), mod
 excluded. Reported: output tok/s, TTFT p50/p99, and for Tide the split of its step time by
 step kind (prefill / mixed / decode) and, from a profiled rerun, by kind of op (matmuls,
 attention, other ops, and the rest: Python and scheduling). The last line is one JSON object.
-Absolute figures only mean something on a quiet machine: compare the ratios.
+Absolute figures only mean something on a quiet machine: compare the ratios. On a shared
+machine whose speed drifts minute to minute, --repeat N alternates the engines N times
+each and reports medians and the ratio of each neighbouring pair.
 """
 
 from __future__ import annotations
@@ -76,6 +78,37 @@ def run_vllm(folder: Path, work_file: Path, args: argparse.Namespace) -> dict | 
     return _last_json(cmd)
 
 
+def run_alternating(
+    folder: Path, work_file: Path, args: argparse.Namespace, peers: list[str]
+) -> dict:
+    """Each peer --repeat times, alternating (A B, B A, ...); per peer its median run by
+    tok/s, with every run's tok/s; and Tide over vLLM for each pair of neighbouring runs."""
+    runs: dict[str, list[dict]] = {"tide": [], "vllm": []}
+    for i in range(args.repeat):
+        for peer in ("tide", "vllm") if i % 2 == 0 else ("vllm", "tide"):
+            if peer not in peers:
+                continue
+            r = (
+                run_tide(folder, work_file, args, False)
+                if peer == "tide"
+                else run_vllm(folder, work_file, args)
+            )
+            if r is not None:
+                runs[peer].append(r)
+    row: dict = {}
+    for peer, done in runs.items():
+        if done:
+            ranked = sorted(done, key=lambda r: r["tok_per_s"])
+            row[peer] = {
+                **ranked[(len(ranked) - 1) // 2],
+                "runs_tok_per_s": [r["tok_per_s"] for r in done],
+            }
+    if len(runs["tide"]) == len(runs["vllm"]) > 0:
+        pairs = zip(runs["tide"], runs["vllm"], strict=True)
+        row["pairs"] = [t["tok_per_s"] / v["tok_per_s"] for t, v in pairs]
+    return row
+
+
 def _last_json(cmd: list[str]) -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
@@ -99,6 +132,9 @@ def main() -> None:
     parser.add_argument("--max-num-seqs", type=int, default=64)
     parser.add_argument("--max-num-batched-tokens", type=int, default=1024)
     parser.add_argument("--no-profile", action="store_true", help="skip Tide's op split rerun")
+    parser.add_argument(
+        "--repeat", type=int, default=1, help="runs per peer, alternating; medians reported"
+    )
     args = parser.parse_args()
     folder = resolve_model_path(args.model)
     cfg = ModelConfig.from_folder(folder)
@@ -111,15 +147,9 @@ def main() -> None:
         with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
             json.dump(work, f)
         work_file = Path(f.name)
-        row: dict = {}
-        if "tide" in peers:
-            row["tide"] = run_tide(folder, work_file, args, profile=False)
-            if not args.no_profile:
-                row["tide_ops"] = run_tide(folder, work_file, args, profile=True)["ops"]
-        if "vllm" in peers:
-            vllm = run_vllm(folder, work_file, args)
-            if vllm is not None:
-                row["vllm"] = vllm
+        row = run_alternating(folder, work_file, args, peers)
+        if "tide" in peers and not args.no_profile:
+            row["tide_ops"] = run_tide(folder, work_file, args, profile=True)["ops"]
         for peer in ("tide", "vllm"):
             r = row.get(peer)
             if r:
@@ -129,7 +159,9 @@ def main() -> None:
                       f"{shown}")  # fmt: skip
         if "tide" in row and "vllm" in row:
             row["tide_over_vllm"] = row["tide"]["tok_per_s"] / row["vllm"]["tok_per_s"]
-            print(f"  tide / vllm: {row['tide_over_vllm']:.2f}x")
+            print(f"  tide / vllm: {row['tide_over_vllm']:.2f}x (medians)")
+            if args.repeat > 1:
+                print("  tide / vllm per pair: " + ", ".join(f"{r:.2f}x" for r in row["pairs"]))
         if "tide" in row:
             split = row["tide"]["step_split"]
             print("  tide steps: " + ", ".join(f"{k} {100 * v:.0f}%" for k, v in split.items()))
