@@ -139,8 +139,9 @@ def _cpp_decode(
     system prompt), its keys are read once for all rows on AMX tiles
     (``tide::decode_shared_prefix``); otherwise one task per row and KV head."""
     ops = cpu_kernels.ops()
-    shared = shared_prefix_tokens(group, k_cache.shape[2])
-    if shared and prefill_on_tiles(query.dtype, query.shape[2]):
+    tiles = prefill_on_tiles(query.dtype, query.shape[2])
+    shared = shared_prefix_tokens(group, k_cache.shape[2]) if tiles else 0
+    if shared:
         return ops.decode_shared_prefix(
             query, k_cache, v_cache, group.block_tables, group.context_lens, shared, scale
         )
@@ -167,8 +168,8 @@ def shared_prefix_tokens(group: DecodeGroup, block_size: int) -> int:
 
 def prefill_on_tiles(dtype: torch.dtype, head_dim: int) -> bool:
     """True where prefill chunks run on the native AMX kernel (bf16, head_dim a multiple of
-    32, a CPU with AMX tiles): 1.9-3.7x torch's CPU flash attention on its chunks
-    (``python scripts/bench_kernels.py``); elsewhere SDPA."""
+    32, a CPU with AMX tiles): 1.7-3.8x torch's CPU flash attention on its chunks
+    (``python scripts/bench_cpu_attention.py``); elsewhere SDPA."""
     if not _tile_prefill or dtype != torch.bfloat16 or head_dim % 32:
         return False
     return cpu_kernels.prefill_on_tiles()

@@ -1,0 +1,102 @@
+#!/usr/bin/env python3
+"""CPU attention kernels side by side: the AMX tile kernels against what they replace.
+
+    python scripts/bench_cpu_attention.py [--threads 2] [--reps 12]
+
+Prefill chunks (bench model shape: 16 query heads over 4 KV heads, head_dim 64, bf16):
+``tide::prefill_attention`` against the torch path (CPU flash attention; after a cached
+prefix, two flash calls merged). Decode: 64 rows sharing a 1,024-token cached prefix plus
+46 keys of their own, ``tide::decode_shared_prefix`` against the per-row
+``tide::paged_decode_attention``. Each pair alternates in one process; reported: the best
+time of each and the median of the per-pair ratios (this machine's speed drifts, so read
+the ratios). Needs a CPU with AMX.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from kernels import cpu as cpu_kernels
+from kernels import torch_attention
+from kernels.attention_metadata import PrefillChunk
+
+HEADS, KV_HEADS, HEAD_DIM, BLOCK = 16, 4, 64, 16
+
+
+def alternate(old, new, reps: int) -> tuple[float, float, float]:  # type: ignore[no-untyped-def]
+    old(), new()
+    t_old, t_new = [], []
+    for _ in range(reps):
+        for fn, out in ((old, t_old), (new, t_new)):
+            t = time.perf_counter()
+            fn()
+            out.append(time.perf_counter() - t)
+    return (
+        min(t_old),
+        min(t_new),
+        statistics.median(a / b for a, b in zip(t_old, t_new, strict=True)),
+    )
+
+
+def prefill_pair(rand, k_cache, v_cache, length, start, reps):  # type: ignore[no-untyped-def]
+    ops, scale = cpu_kernels.ops(), HEAD_DIM**-0.5
+    table = torch.arange(-(-(start + length) // BLOCK))
+    q, k, v = (
+        rand(length, HEADS, HEAD_DIM),
+        rand(length, KV_HEADS, HEAD_DIM),
+        rand(length, KV_HEADS, HEAD_DIM),
+    )
+    chunk = PrefillChunk(rows=slice(0, length), start_pos=start, block_table=table)
+    return alternate(
+        lambda: torch_attention.prefill_attention(q, k, v, k_cache, v_cache, chunk, scale),
+        lambda: ops.prefill_attention(q, k_cache, v_cache, table, start, scale),
+        reps,
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--reps", type=int, default=12)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    if not cpu_kernels.prefill_on_tiles():
+        raise SystemExit("the AMX kernels are not available here (no AMX, or the build failed)")
+    ops, scale = cpu_kernels.ops(), HEAD_DIM**-0.5
+    gen = torch.Generator().manual_seed(0)
+
+    def rand(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen).to(torch.bfloat16)
+
+    k_cache, v_cache = rand(KV_HEADS, 400, BLOCK, HEAD_DIM), rand(KV_HEADS, 400, BLOCK, HEAD_DIM)
+    for length, start in ((1024, 0), (1024, 1024), (16, 1024), (256, 0)):
+        reps = args.reps if length > 100 else 5 * args.reps
+        old, new, ratio = prefill_pair(rand, k_cache, v_cache, length, start, reps)
+        print(f"prefill {length:5d} after {start:5d}: torch {old * 1e3:7.2f} ms, "
+              f"tiles {new * 1e3:7.2f} ms, {ratio:.2f}x")  # fmt: skip
+    n, shared, own = 64, 1024, 46
+    own_blocks = shared // BLOCK + torch.arange(n * 3).view(n, 3)
+    tables = torch.cat([torch.arange(shared // BLOCK).expand(n, -1), own_blocks], 1).contiguous()
+    lens = torch.full((n,), shared + own, dtype=torch.int32)
+    q = rand(n, HEADS, HEAD_DIM)
+    old, new, ratio = alternate(
+        lambda: ops.paged_decode_attention(q, k_cache, v_cache, tables, lens, scale),
+        lambda: ops.decode_shared_prefix(q, k_cache, v_cache, tables, lens, shared, scale),
+        5 * args.reps,
+    )
+    print(f"decode {n} rows x ({shared} shared + {own} own): per-row {old * 1e3:.2f} ms, "
+          f"shared {new * 1e3:.2f} ms, {ratio:.2f}x")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
