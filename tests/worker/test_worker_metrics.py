@@ -164,7 +164,10 @@ def test_endpoint_serves_the_registry(engine):
     url = metrics.serve("127.0.0.1", 0)
     try:
         assert url.startswith("http://127.0.0.1:") and url.endswith("/metrics")
-        engine.generate([engine.tokenizer.encode("hi")], SamplingParams(max_tokens=3))
+        engine.generate(
+            [engine.tokenizer.encode("hi")],
+            SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True),  # exactly 3
+        )
         s = Scrape.parse(httpx.get(url, timeout=5).text)
         assert s.total("tide:generation_tokens_total", **LABELS) == 3
         assert s.total("tide:device_peak_flops", **LABELS) == 67e12  # float32: no tensor cores
