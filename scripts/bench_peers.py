@@ -12,7 +12,9 @@ the asked tokens):
   shared  64 requests sharing a 1,024-token system prompt (+16 own tokens), 64 output
           tokens; prefix caching on in both engines
 Each engine runs in its own process in turn (vLLM in the peers' virtualenv), model load
-excluded. Reported: output tok/s, TTFT p50/p99, and for Tide the split of its step time by
+excluded. Reported: output tok/s, TTFT p50/p99, and for Tide its share of the run's
+roofline (one weight read per step with decode rows at the measured read bandwidth plus the
+prefill FLOPs at the measured matmul peak), the split of its step time by
 step kind (prefill / mixed / decode) and, from a profiled rerun, by kind of op (matmuls,
 attention, other ops, and the rest: Python and scheduling). The last line is one JSON object.
 Absolute figures only mean something on a quiet machine: compare the ratios. On a shared
@@ -165,6 +167,12 @@ def main() -> None:
         if "tide" in row:
             split = row["tide"]["step_split"]
             print("  tide steps: " + ", ".join(f"{k} {100 * v:.0f}%" for k, v in split.items()))
+        if "tide" in row and "roofline" in row["tide"]:
+            roof = row["tide"]["roofline"]
+            print(f"  tide at {100 * roof['share']:.0f}% of the run's roofline "
+                  f"({roof['seconds']:.1f} s: a weight read per decode step at "
+                  f"{roof['read_gb_s']:.1f} GB/s, prefill at {roof['matmul_tflop_s']:.2f} "
+                  f"TFLOP/s)")  # fmt: skip
         if "tide_ops" in row:
             print(
                 "  tide ops (profiled rerun): "

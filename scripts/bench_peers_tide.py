@@ -6,6 +6,11 @@ load and a warm-up excluded. Prints one JSON line: output tokens, seconds, tok/s
 p50/p99, the share of step time by step kind. With --profile (a separate run: the profiler
 slows it) instead the share of the run's time by kind of op: matmuls, attention, other ops,
 and what no op accounts for (Python, scheduling, sampling glue).
+
+Beside the run, the machine's read bandwidth and matmul peak are measured (before and after
+it, best of both: the speed of a shared machine drifts) and the run's roofline is reported:
+one weight read per step with decode rows plus the prefill FLOPs at the peak
+(infra/plan/roofline.py: run_roofline_seconds), and the run's share of it.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from infra.bench.peer_args import peer_parser
+from infra.plan.roofline import DevicePeaks, ModelCost, run_roofline_seconds
 from infra.stats import percentile
 from worker.engine import LLMEngine, SamplingParams
 
@@ -39,6 +45,31 @@ def op_kind(name: str) -> str:
     if any(a in low for a in ATTENTION):
         return "attention"
     return "other_ops"
+
+
+def measure_peaks(engine: LLMEngine) -> DevicePeaks:
+    """Read bandwidth: the best of 5 sums of 512 MiB (far past the caches). Matmul peak:
+    the best of 5 runs of each of the model's projections at 1,024 rows through the
+    engine's own matmul path, with their weights as the engine holds them."""
+
+    def best(fn, *args, repeats: int = 5) -> float:  # type: ignore[no-untyped-def]
+        fn(*args)
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            fn(*args)
+            times.append(time.perf_counter() - t0)
+        return max(min(times), 1e-9)
+
+    big = torch.ones(1 << 27, dtype=torch.float32)
+    bandwidth = big.nbytes / best(big.sum)
+    del big
+    layer = engine.model.layers[0]
+    flops = 0.0
+    for lin in (layer.qkv, layer.o, layer.gate_up, layer.down):
+        x = torch.randn(1024, lin.in_features, dtype=engine.model.dtype)
+        flops = max(flops, 2 * 1024 * lin.in_features * lin.out_features / best(lin, x))
+    return DevicePeaks(flops, bandwidth, "measured")
 
 
 def run(engine: LLMEngine, work: list) -> tuple[float, list]:
@@ -72,13 +103,23 @@ def main() -> None:
         print(json.dumps({"ops": ops, "seconds": wall}))
         return
     steps: dict[str, float] = defaultdict(float)
+    shapes: list[tuple[int, int]] = []  # (decode rows, prefill tokens) per step
 
     def on_step(stats, outputs) -> None:  # type: ignore[no-untyped-def]
         if stats is not None:
             steps[stats.kind] += stats.duration_s
+            shapes.append((stats.num_decode_tokens, stats.num_prefill_tokens))
 
     engine.on_step = on_step
+    before = measure_peaks(engine)
     wall, outs = run(engine, work)
+    after = measure_peaks(engine)
+    peaks = DevicePeaks(
+        max(before.flops, after.flops), max(before.bandwidth, after.bandwidth), "measured"
+    )
+    roofline = run_roofline_seconds(
+        ModelCost.from_config(engine.model.config, engine.model.dtype.itemsize), shapes, peaks
+    )
     tokens = sum(len(o.token_ids) for o in outs)
     assert tokens == sum(o for _, o in work), "Tide produced a different number of tokens"
     ttft = [o.timings.first_token - o.timings.arrival for o in outs]
@@ -88,6 +129,8 @@ def main() -> None:
         "tokens": tokens, "seconds": wall, "tok_per_s": tokens / wall,
         "ttft_p50_s": statistics.median(ttft), "ttft_p99_s": percentile(ttft, 99),
         "step_split": split, "prefix_cache_hits": engine.stats().get("prefix_cache_hits"),
+        "roofline": {"seconds": roofline, "share": roofline / wall,
+                     "read_gb_s": peaks.bandwidth / 1e9, "matmul_tflop_s": peaks.flops / 1e12},
     }))  # fmt: skip
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from infra.plan.devices import DeviceSpec
@@ -145,3 +146,21 @@ def saturation_batch(
     weights_s = mem_1 - kv_s
     per_seq_gain = compute_1 - kv_s  # each sequence adds compute_1 and kv_s
     return math.ceil(weights_s / per_seq_gain) if per_seq_gain > 0 else 1 << 30
+
+
+def run_roofline_seconds(
+    cost: ModelCost, steps: Iterable[tuple[int, int]], peaks: DevicePeaks
+) -> float:
+    """The fastest a whole engine run could go (scripts/bench_peers.py): one read of every
+    weight per step that carries decode rows, at the read bandwidth, plus the prefill
+    tokens' projection FLOPs at the matmul peak. `steps` is (decode rows, prefill tokens)
+    per step. Decode rows' FLOPs, attention and the LM head's FLOPs are left out, so it is a
+    lower bound on the time."""
+    read_s = prefill_flops = 0.0
+    for decode_rows, prefill_tokens in steps:
+        if decode_rows < 0 or prefill_tokens < 0:
+            raise ValueError(f"a step has {decode_rows} decode rows, {prefill_tokens} prefill")
+        if decode_rows:
+            read_s += cost.weight_bytes / peaks.bandwidth
+        prefill_flops += 2.0 * cost.linear_params * prefill_tokens
+    return read_s + prefill_flops / peaks.flops

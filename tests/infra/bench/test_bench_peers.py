@@ -45,3 +45,8 @@ def test_tide_runner_reports_tokens_ttft_and_splits(tmp_path, tiny_path):
             split = result["step_split"]
             assert split["prefill"] > 0 and split["decode"] > 0  # both prompts, then decode
             assert split["prefill"] + split["mixed"] + split["decode"] <= 1.0
+            # The run's roofline, from peaks measured beside it: a lower bound on its time.
+            roof = result["roofline"]
+            assert roof["read_gb_s"] > 0.1 and roof["matmul_tflop_s"] > 0.001
+            assert roof["seconds"] > 0 and 0 < roof["share"] < 1
+            assert roof["share"] == roof["seconds"] / result["seconds"]

@@ -9,7 +9,13 @@ from infra.fleet.fleet_config import PoolConfig
 from infra.plan.devices import get_device
 from infra.plan.model_shape import ModelShape, projection_parameters
 from infra.plan.planner import estimate_decode_tokens_per_s
-from infra.plan.roofline import DevicePeaks, ModelCost, decode_step_seconds, utilisation
+from infra.plan.roofline import (
+    DevicePeaks,
+    ModelCost,
+    decode_step_seconds,
+    run_roofline_seconds,
+    utilisation,
+)
 from infra.settings import Settings
 from infra.sim.service_model import EFFICIENCY, roofline_model
 from worker.device_peaks import device_peaks
@@ -69,3 +75,16 @@ def test_worker_peaks_and_utilisation_use_the_same_table():
     # A step that ran exactly at the roofline uses the bound resource fully.
     mfu, mbu = utilisation(flops, nbytes, max(mem_s, compute_s), worker)
     assert max(mfu, mbu) == pytest.approx(1.0) and min(mfu, mbu) < 1.0
+
+
+def test_a_run_roofline_reads_weights_per_decode_step_and_prices_prefill_at_the_peak():
+    cost = ModelCost.from_config(CONFIG, dtype_bytes=2)
+    peaks = DevicePeaks(flops=1e12, bandwidth=20e9, source="measured")
+    read = cost.weight_bytes / peaks.bandwidth
+    prefill = 2.0 * cost.linear_params / peaks.flops  # one prompt token
+    steps = [(0, 512), (4, 100), (64, 0), (1, 0)]  # prefill only, mixed, two decode steps
+    got = run_roofline_seconds(cost, steps, peaks)
+    assert got == pytest.approx(3 * read + 612 * prefill)
+    assert run_roofline_seconds(cost, [], peaks) == 0.0
+    with pytest.raises(ValueError, match="-1 decode rows"):
+        run_roofline_seconds(cost, [(-1, 0)], peaks)
