@@ -10,6 +10,11 @@ prefix, two flash calls merged). Decode: 64 rows sharing a 1,024-token cached pr
 ``tide::paged_decode_attention``. Each pair alternates in one process; reported: the best
 time of each and the median of the per-pair ratios (this machine's speed drifts, so read
 the ratios). Needs a CPU with AMX.
+
+Last, decode rows that share nothing: the per-row kernel's KV read rate (64 rows, contexts
+100-800, blocks scattered over a pool per layer, nine layers in turn, as a decode step of
+the bench model reads them) beside a plain sequential read of a large tensor, alternating:
+decode attention at these sizes is bound by how fast scattered blocks come from memory.
 """
 
 from __future__ import annotations
@@ -96,6 +101,28 @@ def main() -> None:
     )
     print(f"decode {n} rows x ({shared} shared + {own} own): per-row {old * 1e3:.2f} ms, "
           f"shared {new * 1e3:.2f} ms, {ratio:.2f}x")  # fmt: skip
+    decode_read_rate(rand, args.reps)
+
+
+def decode_read_rate(rand, reps: int) -> None:  # type: ignore[no-untyped-def]
+    ops, scale, layers, n, pool = cpu_kernels.ops(), HEAD_DIM**-0.5, 9, 64, 4096
+    gen = torch.Generator().manual_seed(1)
+    caches = [(rand(KV_HEADS, pool, BLOCK, HEAD_DIM), rand(KV_HEADS, pool, BLOCK, HEAD_DIM))
+              for _ in range(layers)]  # fmt: skip
+    lens = torch.randint(100, 801, (n,), generator=gen, dtype=torch.int32)
+    width = -(-int(lens.max()) // BLOCK)
+    tables = torch.randperm(pool, generator=gen)[: n * width].view(n, width).contiguous()
+    q = rand(n, HEADS, HEAD_DIM)
+    kv_bytes = int(lens.sum()) * KV_HEADS * HEAD_DIM * 2 * 2 * layers  # K and V, bf16
+    big = torch.ones(kv_bytes // 4, dtype=torch.float32)  # the same bytes, read in order
+    step, read, _ = alternate(
+        lambda: [ops.paged_decode_attention(q, k, v, tables, lens, scale) for k, v in caches],
+        big.sum,
+        reps,
+    )
+    print(f"decode {n} rows x 100-800 scattered keys, {layers} layers: per-row kernel "
+          f"{kv_bytes / step / 1e9:.1f} GB/s of K/V, "
+          f"a plain read {kv_bytes / read / 1e9:.1f} GB/s")  # fmt: skip
 
 
 if __name__ == "__main__":
