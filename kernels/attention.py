@@ -168,7 +168,7 @@ def shared_prefix_tokens(group: DecodeGroup, block_size: int) -> int:
 
 def prefill_on_tiles(dtype: torch.dtype, head_dim: int) -> bool:
     """True where prefill chunks run on the native AMX kernel (bf16, head_dim a multiple of
-    32, a CPU with AMX tiles): 1.7-3.8x torch's CPU flash attention on its chunks
+    32, a CPU with AMX tiles): 1.7-4.1x torch's CPU flash attention on its chunks
     (``python scripts/bench_cpu_attention.py``); elsewhere SDPA."""
     if not _tile_prefill or dtype != torch.bfloat16 or head_dim % 32:
         return False

@@ -10,7 +10,7 @@ and on --threads, then (2) the bench model's four projections (q|k|v, o, gate|up
 (kernels/linear.py), on one thread and on --threads. A shared machine's tile rate moves
 between rounds, so read the per-round ratio: the share of that moment's tile peak each
 matmul reaches at the same thread count. The tile loop is compiled here with torch's C++
-extension builder (about 20 s the first time).
+extension builder (once; torch caches the build).
 The last line is JSON.
 """
 
