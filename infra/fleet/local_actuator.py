@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+import signal
 import subprocess
 import sys
 import threading
@@ -22,6 +23,10 @@ from infra.fleet.supervisor import spawn
 from infra.settings import child_env, get_settings
 
 log = logging.getLogger("tide.controller")
+
+# How a drained worker ends: 0 when it finished its drain, -SIGTERM when the drain's
+# SIGTERM found it still loading its model (before its handler was installed).
+_DRAINED_EXITS = (0, -signal.SIGTERM)
 
 
 @dataclass
@@ -136,6 +141,8 @@ class LocalActuator:
             del self.procs[pool.name][worker_id]
             if not p.draining:
                 log.warning("worker %s exited unexpectedly with %s", worker_id, code)
+            elif code not in _DRAINED_EXITS:  # killed mid-drain: its held jobs go by lease
+                log.warning("worker %s exited unexpectedly with %s while draining", worker_id, code)
             removed.append(worker_id)
         return removed
 

@@ -65,3 +65,36 @@ def test_without_gpus_workers_are_not_pinned(monkeypatch):
     a.launch(fleet.pools["default"], 3)
     assert len(a.procs["default"]) == 3
     assert all("CUDA_VISIBLE_DEVICES" not in p.proc.env for p in a.procs["default"].values())
+
+
+class ExitPopen(Popen):
+    def __init__(self, argv, **kwargs):  # type: ignore[no-untyped-def]
+        super().__init__(argv)
+        self.code: int | None = None
+
+    def poll(self) -> int | None:
+        return self.code
+
+    def terminate(self) -> None:
+        pass
+
+
+def test_a_worker_killed_while_draining_is_reported_and_a_clean_drain_is_not(monkeypatch, caplog):
+    """CI's chaos run SIGKILLed a worker the controller had just begun to drain: its death
+    went unlogged (only undrained exits were), so it read as a clean drain. A draining
+    worker that exits other than cleanly (0) or on the SIGTERM that drained it while it
+    was still loading (-15) is reported, with its code."""
+    monkeypatch.setattr(local_actuator.subprocess, "Popen", ExitPopen)
+    fleet = local_default_fleet(0, 3)
+    pool = fleet.pools["default"]
+    a = LocalActuator(fleet, env={})
+    a.launch(pool, 3)
+    procs = list(a.procs["default"].values())
+    for p, code in zip(procs, (0, -15, -9), strict=True):
+        a.drain(pool, p.worker_id)
+        p.proc.code = code
+    with caplog.at_level("WARNING", logger="tide.controller"):
+        removed = a.remove_drained(pool)
+    assert sorted(removed) == sorted(p.worker_id for p in procs)
+    warned = [r.getMessage() for r in caplog.records if "exited unexpectedly" in r.getMessage()]
+    assert warned == [f"worker {procs[2].worker_id} exited unexpectedly with -9 while draining"]
