@@ -38,9 +38,11 @@ PEERS_PYTHON = ROOT / ".venv-peers" / "bin" / "python"
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
+import torch  # noqa: E402
 from bench_engine import workload as mixed_workload  # noqa: E402
 
 from worker.models.config import ModelConfig  # noqa: E402
+from worker.models.loader import native_dtype  # noqa: E402
 from worker.models.resolve import resolve_model_path  # noqa: E402
 
 
@@ -65,7 +67,8 @@ def run_tide(folder: Path, work_file: Path, args: argparse.Namespace, profile: b
     cmd = [sys.executable, str(ROOT / "scripts" / "bench_peers_tide.py"), "--model", str(folder),
            "--workload", str(work_file), "--threads", str(args.threads),
            "--max-num-seqs", str(args.max_num_seqs),
-           "--max-num-batched-tokens", str(args.max_num_batched_tokens)]  # fmt: skip
+           "--max-num-batched-tokens", str(args.max_num_batched_tokens),
+           "--dtype", args.dtype]  # fmt: skip
     return _last_json(cmd + (["--profile"] if profile else []))
 
 
@@ -76,7 +79,8 @@ def run_vllm(folder: Path, work_file: Path, args: argparse.Namespace) -> dict | 
     cmd = [str(PEERS_PYTHON), str(ROOT / "scripts" / "peer_vllm.py"), "--model", str(folder),
            "--workload", str(work_file), "--threads", str(args.threads),
            "--max-num-seqs", str(args.max_num_seqs),
-           "--max-num-batched-tokens", str(args.max_num_batched_tokens)]  # fmt: skip
+           "--max-num-batched-tokens", str(args.max_num_batched_tokens),
+           "--dtype", args.dtype]  # fmt: skip
     return _last_json(cmd)
 
 
@@ -135,13 +139,21 @@ def main() -> None:
     parser.add_argument("--max-num-batched-tokens", type=int, default=1024)
     parser.add_argument("--no-profile", action="store_true", help="skip Tide's op split rerun")
     parser.add_argument(
+        "--dtype", default="auto", choices=("auto", "bfloat16", "float32"),
+        help="both engines' weights and KV; auto: what Tide's engine picks on this CPU "
+        "(bfloat16 with AVX-512 BF16 or AMX, else float32)",
+    )  # fmt: skip
+    parser.add_argument(
         "--repeat", type=int, default=1, help="runs per peer, alternating; medians reported"
     )
     args = parser.parse_args()
+    if args.dtype == "auto":
+        args.dtype = str(native_dtype(torch.device("cpu"))).removeprefix("torch.")
     folder = resolve_model_path(args.model)
     cfg = ModelConfig.from_folder(folder)
     peers = args.peers.split(",")
-    results: dict = {"model": args.model, "threads": args.threads}
+    results: dict = {"model": args.model, "threads": args.threads, "dtype": args.dtype}
+    print(f"{args.model} in {args.dtype}, {args.threads} threads")
     for name in args.workloads.split(","):
         work = make_workload(name, args.seed, cfg.max_model_len)
         print(f"{name}: {len(work)} requests, {sum(len(p) for p, _ in work)} prompt tokens, "

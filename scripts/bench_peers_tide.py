@@ -86,7 +86,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     work = json.loads(Path(args.workload).read_text())
     engine = LLMEngine.from_pretrained(
-        args.model, dtype="bfloat16", device="cpu", max_num_seqs=args.max_num_seqs,
+        args.model, dtype=args.dtype, device="cpu", max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
     )  # fmt: skip
     engine.generate([[1, 5, 6]], SamplingParams(max_tokens=4, temperature=0.0))  # warm-up

@@ -54,7 +54,7 @@ def main() -> None:
         work = json.load(f)
     t0 = time.perf_counter()
     llm = LLM(
-        model=args.model, dtype="bfloat16", max_num_seqs=args.max_num_seqs,
+        model=args.model, dtype=args.dtype, max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         enable_prefix_caching=not args.no_prefix_caching, disable_log_stats=False, seed=0,
     )  # fmt: skip

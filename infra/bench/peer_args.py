@@ -15,4 +15,5 @@ def peer_parser(description: str | None) -> argparse.ArgumentParser:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--max-num-seqs", type=int, default=64)
     parser.add_argument("--max-num-batched-tokens", type=int, default=1024)
+    parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
     return parser

@@ -61,7 +61,9 @@ ATTENTION_HELP = "auto: Triton on CUDA, the native C++ kernel on CPU"
 # fmt: off
 ENGINE_FLAGS: tuple[EngineFlag, ...] = (
     # argparse dest, from_pretrained keyword, default, then type/choices and help
-    EngineFlag("dtype", "dtype", None, choices=("float32", "bfloat16", "float16")),
+    EngineFlag("dtype", "dtype", None, choices=("float32", "bfloat16", "float16"),
+               help="default: bfloat16 on a GPU (float16 where it lacks bf16) and on a CPU "
+               "with AVX-512 BF16 or AMX; float32 on a CPU without them"),
     EngineFlag("device", "device", "auto", choices=("auto", "cpu", "cuda")),
     EngineFlag("kv_cache_memory", "kv_cache_memory", None, type=int,
                help="KV pool size in bytes"),

@@ -28,16 +28,28 @@ def resolve_device(device: str) -> torch.device:
 
 
 def resolve_dtype(name: str | None, config: ModelConfig, device: torch.device) -> torch.dtype:
-    """An explicit dtype wins; otherwise bfloat16 (fast on AVX-512 CPUs and on GPUs).
+    """An explicit dtype wins; otherwise (None or "auto") bfloat16 where the hardware
+    computes in it and the nearest fast type where it does not: on CUDA bfloat16, or
+    float16 on a GPU without it; on CPU bfloat16 with AVX-512 BF16 or AMX, else float32
+    (on AVX2 alone oneDNN's bf16 matmuls run several times slower than float32).
 
     A float16 or float32 checkpoint loads fine as bfloat16; pass float32 for exact
     reference comparisons.
     """
     if name is None or name == "auto":
-        return torch.bfloat16
+        return native_dtype(device)
     if name not in DTYPES:
         raise ModelLoadError(f"unknown dtype {name!r}; choose one of {', '.join(DTYPES)}")
     return DTYPES[name]
+
+
+def native_dtype(device: torch.device) -> torch.dtype:
+    """The 16-bit type the device is fast in, or float32 where it has none."""
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    if torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported():
+        return torch.bfloat16
+    return torch.float32
 
 
 class _TensorSource:
