@@ -44,7 +44,7 @@ CSRC = Path(__file__).with_name("csrc")
 # One extension from these files: the elementwise/decode kernels, and attention on AMX tiles
 # (prefill chunks; decode rows sharing a cached prefix) with the headers they include.
 SOURCES = (CSRC / "cpu_kernels.cpp", CSRC / "cpu_prefill_amx.cpp", CSRC / "cpu_shared_decode.cpp")
-HEADERS = (CSRC / "amx_kv_pack.h", CSRC / "amx_tile_pass.h")
+HEADERS = (CSRC / "amx_kv_pack.h", CSRC / "amx_tile_pass.h", CSRC / "decode_avx2.h")
 CFLAGS = ("-O3", "-march=native", "-fopenmp")
 LDFLAGS = ("-fopenmp",)
 LOCK_NAME = "tide-build.lock"

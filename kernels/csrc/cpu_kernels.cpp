@@ -11,8 +11,8 @@
 //   skipped and a context of length 0 attends to nothing (zeros).
 //
 // Built on first use by kernels/cpu.py with -march=native; where AVX-512 BF16 is
-// missing the GEMV is not offered (Python falls back), and attention uses a portable
-// scalar loop.
+// missing the GEMV is not offered (Python falls back), and decode attention runs on
+// AVX2 + FMA (decode_avx2.h) or, without those or at other head dims, a portable loop.
 
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
@@ -24,11 +24,13 @@
 #include <cstring>
 #include <limits>
 #include <type_traits>
+#include <string>
 #include <vector>
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
+#include "decode_avx2.h"
 
 namespace {
 
@@ -287,7 +289,7 @@ void decode_attention_impl(const at::Tensor& q, const at::Tensor& k_cache, const
                 " is outside 0..", max_blocks * BS);
 
   at::parallel_for(0, n * KVH, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> qf(G * D), acc(G * D), scores, kbuf(16 * D);
+    std::vector<float> qf(G * D), acc(G * D), scores, kbuf(16 * D), inv_sum(G);
     std::vector<T> qraw(G * D);
     for (int64_t item = begin; item < end; ++item) {
       const int64_t i = item / KVH, h = item % KVH;
@@ -318,6 +320,15 @@ void decode_attention_impl(const at::Tensor& q, const at::Tensor& k_cache, const
         case 128: decode_task_avx512<T, 8>(qf.data(), qraw.data(), fscale, G, len, table, BS, k_head, v_head, scores.data(), Lp, kbuf.data(), acc.data()); break;
         default: done = false;
       }
+#elif defined(__AVX2__) && defined(__FMA__)
+      done = true;
+      switch (D) {
+        case 16: tide_avx2::decode_task<T, 2>(qf.data(), G, len, table, BS, k_head, v_head, scores.data(), Lp, kbuf.data(), inv_sum.data(), acc.data()); break;
+        case 32: tide_avx2::decode_task<T, 4>(qf.data(), G, len, table, BS, k_head, v_head, scores.data(), Lp, kbuf.data(), inv_sum.data(), acc.data()); break;
+        case 64: tide_avx2::decode_task<T, 8>(qf.data(), G, len, table, BS, k_head, v_head, scores.data(), Lp, kbuf.data(), inv_sum.data(), acc.data()); break;
+        case 128: tide_avx2::decode_task<T, 16>(qf.data(), G, len, table, BS, k_head, v_head, scores.data(), Lp, kbuf.data(), inv_sum.data(), acc.data()); break;
+        default: done = false;
+      }
 #endif
       if (!done) decode_task_scalar<T>(qf.data(), G, D, len, table, BS, k_head, v_head, scores.data(), Lp, acc.data());
       for (int64_t g = 0; g < G; ++g) {
@@ -326,6 +337,17 @@ void decode_attention_impl(const at::Tensor& q, const at::Tensor& k_cache, const
       }
     }
   });
+}
+
+// The vector unit decode attention runs on for head_dim 16/32/64/128 (others: "scalar").
+std::string decode_attention_isa() {
+#if defined(__AVX512F__)
+  return "avx512";
+#elif defined(__AVX2__) && defined(__FMA__)
+  return "avx2";
+#else
+  return "scalar";
+#endif
 }
 
 at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
@@ -699,6 +721,7 @@ TORCH_LIBRARY(tide, m) {
   m.def("rotary_(Tensor(a!) x, Tensor positions, Tensor cos, Tensor sin, int heads, int head_dim) -> ()");
   m.def("gemv_bf16(Tensor x, Tensor packed, Tensor? bias, int N) -> Tensor");
   m.def("gemv_max_rows() -> int", &gemv_max_rows);
+  m.def("decode_attention_isa() -> str", &decode_attention_isa);
   m.def("decode_layers(Tensor hidden, Tensor positions, Tensor[] layers, Tensor[] qkv_bias, Tensor[] k_caches, "
         "Tensor[] v_caches, Tensor slot_mapping, Tensor block_tables, Tensor context_lens, Tensor cos, Tensor sin, "
         "int num_heads, int num_kv_heads, int head_dim, int intermediate, float eps, float scale) -> Tensor");
