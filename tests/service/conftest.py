@@ -30,6 +30,10 @@ KEYS = {"key-a": "tenant-a", "key-b": "tenant-b"}
 AUTH = {"Authorization": "Bearer key-a"}
 
 
+# The fleet's services, restarted when they die (Fleet._supervise); not its workers.
+SUPERVISED = ("gateway", "webhooks", "reaper")
+
+
 class Fleet:
     def __init__(self, tmp: Path, model: Path) -> None:
         self.tmp = tmp
@@ -40,6 +44,9 @@ class Fleet:
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.argv: dict[str, list[str]] = {}
         self.env: dict[str, str] = {}
+        self.revived: list[str] = []  # services restarted after they died on their own
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
 
     def start(self) -> Fleet:
         self.redis.start()
@@ -73,7 +80,23 @@ class Fleet:
         self.spawn("webhooks", celery)
         self.spawn("reaper", [py, "-m", "infra.cli", "reaper"])
         self.wait_ready()
+        threading.Thread(target=self._supervise, name="fleet-supervisor", daemon=True).start()
         return self
+
+    def _supervise(self) -> None:
+        """Restart a service that died, as `tide up`'s supervisor (or systemd) does in a
+        real deployment. Needed for Celery: kombu 5.7's Redis transport can die on a Redis
+        restart ("Unrecoverable error: AttributeError: 'NoneType' object has no attribute
+        'hostname'", in restore_unacked while closing the lost channel), and with no one to
+        restart it every later batch in the package stayed "validating". Workers are the
+        tests' to kill and are not restarted here."""
+        while not self._stopping.wait(0.5):
+            with self._lock:
+                for name in SUPERVISED:
+                    proc = self.procs.get(name)
+                    if proc is not None and proc.poll() is not None:
+                        self.revived.append(name)
+                        self.spawn(name, self.argv[name])
 
     def spawn(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
         log = open(self.tmp / f"{name}.log", "ab")  # noqa: SIM115 - lives with the process
@@ -83,9 +106,10 @@ class Fleet:
 
     def kill_and_restart(self, name: str) -> subprocess.Popen[bytes]:
         """kill -9 a process of the fleet and start it again."""
-        self.procs[name].kill()
-        self.procs[name].wait()
-        return self.spawn(name, self.argv[name])
+        with self._lock:
+            self.procs[name].kill()
+            self.procs[name].wait()
+            return self.spawn(name, self.argv[name])
 
     def spawn_worker(self, name: str, *extra: str) -> subprocess.Popen[bytes]:
         argv = [sys.executable, "-m", "infra.cli", "worker", "--dtype", "float32",
@@ -106,6 +130,9 @@ class Fleet:
         raise RuntimeError(f"fleet not ready; logs in {self.tmp}")
 
     def stop(self) -> None:
+        self._stopping.set()
+        with self._lock:
+            pass  # a restart under way has finished
         for proc in self.procs.values():
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
