@@ -17,33 +17,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_cpu_attention import alternate  # best of each, median old/new over pairs
 
 from kernels import cpu as cpu_kernels
 from kernels import torch_attention
 from kernels.attention_metadata import DecodeGroup
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK, LAYERS, ROWS, POOL = 16, 4, 64, 16, 9, 64, 4096
-
-
-def best_and_ratio(old, new, reps: int) -> tuple[float, float, float]:  # type: ignore[no-untyped-def]
-    """Best seconds of each and the median old/new over neighbouring calls."""
-    old(), new()
-    t_old, t_new = [], []
-    for _ in range(reps):
-        for fn, out in ((old, t_old), (new, t_new)):
-            t = time.perf_counter()
-            fn()
-            out.append(time.perf_counter() - t)
-    ratio = statistics.median(a / b for a, b in zip(t_old, t_new, strict=True))
-    return min(t_old), min(t_new), ratio
 
 
 def main() -> None:
@@ -85,9 +73,9 @@ def main() -> None:
     got = ops.paged_decode_attention(q, *caches[0], tables, lens, scale).float()
     want = torch_attention.decode_attention(q, *caches[0], group, scale).float()
     err = float((got - want).abs().max())
-    t_torch, t_native, ratio = best_and_ratio(reference, native, args.reps)
+    t_torch, t_native, ratio = alternate(reference, native, args.reps)
     big = torch.ones(kv_bytes // 4, dtype=torch.float32)
-    _, t_read, _ = best_and_ratio(native, big.sum, args.reps)
+    _, t_read, _ = alternate(native, big.sum, args.reps)
     isa = ops.decode_attention_isa()
     print(f"decode {ROWS} rows x 100-800 scattered keys, {LAYERS} layers, {args.dtype}: "
           f"torch {t_torch * 1e3:.1f} ms, native ({isa}) {t_native * 1e3:.1f} ms, "
