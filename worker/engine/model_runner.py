@@ -44,8 +44,9 @@ def model_weight_bytes(model: LlamaModel) -> int:
         tensors += [layer.input_norm, layer.post_norm]
         for lin in (layer.qkv, layer.o, layer.gate_up, layer.down):
             tensors += [t for t in (lin.weight, lin.bias, lin.gemv_weight) if t is not None]
-    for t in tensors:
-        seen[t.data_ptr()] = t.numel() * t.element_size()
+    for t in tensors:  # a oneDNN-packed weight (kernels/linear.py) has no data pointer
+        key = id(t) if t.is_mkldnn else t.data_ptr()
+        seen[key] = t.numel() * t.element_size()
     return sum(seen.values())
 
 
