@@ -44,7 +44,6 @@ class Fleet:
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.argv: dict[str, list[str]] = {}
         self.env: dict[str, str] = {}
-        self.revived: list[str] = []  # services restarted after they died on their own
         self._lock = threading.Lock()
         self._stopping = threading.Event()
 
@@ -95,7 +94,8 @@ class Fleet:
                 for name in SUPERVISED:
                     proc = self.procs.get(name)
                     if proc is not None and proc.poll() is not None:
-                        self.revived.append(name)
+                        with open(self.tmp / f"{name}.log", "a") as log:  # say so in its log
+                            log.write(f"[test fleet] exited with {proc.returncode}; restarted\n")
                         self.spawn(name, self.argv[name])
 
     def spawn(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:

@@ -140,7 +140,7 @@ def test_cancel_a_running_job(api, fleet_redis):
 def _held_by(fleet_redis, pid: int) -> list[str]:
     """Jobs in progress under a lease of the worker with this pid, in one round trip: by
     this test the package's Redis holds every earlier test's jobs, and a key-by-key scan
-    took long enough (full suite, CI machine) for the victim to finish what it held
+    took long enough (the full suite, twice in a row) for the victim to finish what it held
     before the kill."""
     keys = fleet_redis.keys("tide:job:*")
     pipe = fleet_redis.pipeline(transaction=False)
