@@ -2,7 +2,8 @@
 
 Backends: ``torch`` (kernels/torch_attention.py: gather the blocks, then SDPA), ``cpp`` (decode rows
 through ``kernels/csrc``'s native kernel, which reads K/V in place from the block pool;
-prefill chunks on its AMX tile kernel where the CPU has one, else on SDPA) and ``triton``
+prefill chunks on its bf16 kernel, AMX tiles or AVX-512 BF16, where the CPU has either,
+else on SDPA) and ``triton``
 (CUDA). ``auto`` picks triton for CUDA tensors, cpp on CPU where it builds, and the
 torch reference otherwise.
 
@@ -27,7 +28,7 @@ from kernels.attention_metadata import AttentionMetadata, DecodeGroup
 
 BACKENDS = ("auto", "torch", "cpp", "triton")
 _backend = "auto"
-_tile_prefill = True
+_native_prefill = True
 
 
 def set_attention_backend(name: str) -> None:
@@ -108,9 +109,9 @@ def paged_attention(
             out[group.rows] = torch_attention.decode_attention(
                 query[group.rows], k_cache, v_cache, group, scale
             )
-    amx = cpp and prefill_on_tiles(query.dtype, query.shape[2])
+    native = cpp and native_prefill(query.dtype, query.shape[2])
     for chunk in meta.prefills:
-        if amx:
+        if native:
             out[chunk.rows] = cpu_kernels.ops().prefill_attention(
                 query[chunk.rows], k_cache, v_cache, chunk.block_table, chunk.start_pos, scale
             )
@@ -136,11 +137,11 @@ def _cpp_decode(
     scale: float,
 ) -> torch.Tensor:
     """Decode rows on the native kernels: where they share a long cached prefix (a common
-    system prompt), its keys are read once for all rows on AMX tiles
+    system prompt), its keys are read once for all rows, 16 to a task
     (``tide::decode_shared_prefix``); otherwise one task per row and KV head."""
     ops = cpu_kernels.ops()
-    tiles = prefill_on_tiles(query.dtype, query.shape[2])
-    shared = shared_prefix_tokens(group, k_cache.shape[2]) if tiles else 0
+    pairs = native_prefill(query.dtype, query.shape[2])
+    shared = shared_prefix_tokens(group, k_cache.shape[2]) if pairs else 0
     if shared:
         return ops.decode_shared_prefix(
             query, k_cache, v_cache, group.block_tables, group.context_lens, shared, scale
@@ -166,19 +167,21 @@ def shared_prefix_tokens(group: DecodeGroup, block_size: int) -> int:
     return tokens
 
 
-def prefill_on_tiles(dtype: torch.dtype, head_dim: int) -> bool:
-    """True where prefill chunks run on the native AMX kernel (bf16, head_dim a multiple of
-    32, a CPU with AMX tiles): 1.7-4.1x torch's CPU flash attention on its chunks
-    (``python scripts/bench_cpu_attention.py``); elsewhere SDPA."""
-    if not _tile_prefill or dtype != torch.bfloat16 or head_dim % 32:
+def native_prefill(dtype: torch.dtype, head_dim: int) -> bool:
+    """True where prefill chunks (and decode rows sharing a long prefix) run on the native
+    bf16 kernels (bf16, head_dim a multiple of 32, a CPU with AMX tiles or AVX-512 BF16):
+    on AMX 1.7-4.1x torch's CPU flash attention on its chunks, see
+    ``python scripts/bench_cpu_attention.py``; elsewhere SDPA."""
+    if not _native_prefill or dtype != torch.bfloat16 or head_dim % 32:
         return False
-    return cpu_kernels.prefill_on_tiles()
+    return cpu_kernels.native_prefill()
 
 
-def set_tile_prefill(enabled: bool) -> None:
-    """Off: CPU prefill chunks take SDPA even where the AMX kernel runs (comparisons, tests)."""
-    global _tile_prefill
-    _tile_prefill = enabled
+def set_native_prefill(enabled: bool) -> None:
+    """Off: CPU prefill chunks take SDPA (and shared-prefix decode rows the per-row kernel)
+    even where the native bf16 kernels run (comparisons, tests)."""
+    global _native_prefill
+    _native_prefill = enabled
 
 
 def _triton_attention(

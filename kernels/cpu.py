@@ -41,10 +41,18 @@ else:
 log = logging.getLogger(__name__)
 
 CSRC = Path(__file__).with_name("csrc")
-# One extension from these files: the elementwise/decode kernels, and attention on AMX tiles
-# (prefill chunks; decode rows sharing a cached prefix) with the headers they include.
-SOURCES = (CSRC / "cpu_kernels.cpp", CSRC / "cpu_prefill_amx.cpp", CSRC / "cpu_shared_decode.cpp")
-HEADERS = (CSRC / "amx_kv_pack.h", CSRC / "amx_tile_pass.h", CSRC / "decode_avx2.h")
+# One extension from these files: the elementwise/decode kernels, and attention on bf16 pairs
+# (prefill chunks; decode rows sharing a cached prefix: AMX tiles or AVX-512 BF16) with the
+# headers they include.
+SOURCES = (CSRC / "cpu_kernels.cpp", CSRC / "cpu_prefill.cpp", CSRC / "cpu_shared_decode.cpp")
+HEADERS = (
+    CSRC / "kv_pack_bf16.h",
+    CSRC / "online_softmax.h",
+    CSRC / "amx_tile_pass.h",
+    CSRC / "avx512_bf16_pass.h",
+    CSRC / "attention_passes.h",
+    CSRC / "decode_avx2.h",
+)
 CFLAGS = ("-O3", "-march=native", "-fopenmp")
 LDFLAGS = ("-fopenmp",)
 LOCK_NAME = "tide-build.lock"
@@ -124,11 +132,17 @@ def gemv_max_rows() -> int:
 
 
 @functools.cache
-def prefill_on_tiles() -> bool:
-    """The AMX prefill attention kernel is built and the OS granted this process the tile
-    state (kernels/csrc/cpu_prefill_amx.cpp)."""
+def native_prefill() -> bool:
+    """The native bf16 prefill attention kernel runs here (kernels/csrc/cpu_prefill.cpp): on
+    AMX tiles (the OS granted this process the tile state) or AVX-512 BF16."""
     native = ops()
     return native is not None and bool(native.prefill_attention_supported())
+
+
+def attention_pass_isa() -> str:
+    """What the native bf16 attention multiplies on: "amx", "avx512_bf16", or "" (none)."""
+    native = ops()
+    return str(native.attention_pass_isa()) if native is not None else ""
 
 
 def main() -> int:
@@ -140,7 +154,8 @@ def main() -> int:
     else:
         print(
             f"native CPU kernels: ready in {build_dir()} "
-            f"(GEMV for up to {gemv_max_rows()} rows; 0 = this CPU lacks AVX-512 BF16)"
+            f"(GEMV for up to {gemv_max_rows()} rows; 0 = this CPU lacks AVX-512 BF16; "
+            f"bf16 attention on {attention_pass_isa() or 'SDPA: no AMX or AVX-512 BF16'})"
         )
     return 0
 

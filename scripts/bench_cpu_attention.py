@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""CPU attention kernels side by side: the AMX tile kernels against what they replace.
+"""CPU attention kernels side by side: the native bf16 kernels against what they replace.
 
     python scripts/bench_cpu_attention.py [--threads 2] [--reps 12]
 
@@ -9,7 +9,8 @@ prefix, two flash calls merged). Decode: 64 rows sharing a 1,024-token cached pr
 46 keys of their own, ``tide::decode_shared_prefix`` against the per-row
 ``tide::paged_decode_attention``. Each pair alternates in one process; reported: the best
 time of each and the median of the per-pair ratios (this machine's speed drifts, so read
-the ratios). Needs a CPU with AMX.
+the ratios). Needs a CPU with AMX or AVX-512 BF16 (the kernels run on tiles where there
+are any).
 
 Last, decode rows that share nothing: the per-row kernel's KV read rate (64 rows, contexts
 100-800, blocks scattered over a pool per layer, nine layers in turn, as a decode step of
@@ -75,8 +76,12 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=12)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    if not cpu_kernels.prefill_on_tiles():
-        raise SystemExit("the AMX kernels are not available here (no AMX, or the build failed)")
+    if not cpu_kernels.native_prefill():
+        raise SystemExit(
+            "the native bf16 attention kernels are not available here "
+            "(no AMX or AVX-512 BF16, or the build failed)"
+        )
+    print(f"native bf16 attention on {cpu_kernels.attention_pass_isa()}")
     ops, scale = cpu_kernels.ops(), HEAD_DIM**-0.5
     gen = torch.Generator().manual_seed(0)
 
@@ -88,7 +93,7 @@ def main() -> None:
         reps = args.reps if length > 100 else 5 * args.reps
         old, new, ratio = prefill_pair(rand, k_cache, v_cache, length, start, reps)
         print(f"prefill {length:5d} after {start:5d}: torch {old * 1e3:7.2f} ms, "
-              f"tiles {new * 1e3:7.2f} ms, {ratio:.2f}x")  # fmt: skip
+              f"native {new * 1e3:7.2f} ms, {ratio:.2f}x")  # fmt: skip
     n, shared, own = 64, 1024, 46
     own_blocks = shared // BLOCK + torch.arange(n * 3).view(n, 3)
     tables = torch.cat([torch.arange(shared // BLOCK).expand(n, -1), own_blocks], 1).contiguous()

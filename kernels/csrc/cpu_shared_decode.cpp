@@ -1,23 +1,24 @@
-// Decode rows that share a cached prefix (a common system prompt), on AMX tiles.
+// Decode rows that share a cached prefix (a common system prompt), on AMX tiles or AVX-512
+// BF16 dot products (attention_passes.h picks).
 //
 //   tide::decode_shared_prefix(q, k_cache, v_cache, block_tables, context_lens, shared, scale)
 //       q [n, H, D] bf16, one query token per row; the first `shared` keys of every row are
 //       the same cached blocks (a multiple of block_size, checked). Returns [n, H, D] bf16.
 //
 // The shared keys are packed once and attended by every row together, 16 (row, query head)
-// pairs per task (amx_tile_pass.h): for 64 rows sharing 1,024 keys each K/V tile serves 16
+// pairs per task (online_softmax.h): for 64 rows sharing 1,024 keys each K/V block serves 16
 // rows instead of one row's query group. Each row then continues its online softmax over
 // its own keys, 16 at a time with bf16 dot products.
 
 #include <torch/library.h>
 
-#include "amx_tile_pass.h"
+#include "attention_passes.h"
 
 namespace {
 
-using namespace tide_amx;
+using namespace tide_attn;
 
-#if defined(TIDE_AMX)
+#if defined(TIDE_BF16_PAIRS)
 
 // Continues one row's online softmax (maximum m, sum l, output orow) over its own keys
 // [from, len) of the block table, 16 at a time: scores by bf16 dot products, one transpose.
@@ -64,29 +65,30 @@ void own_keys(const at::BFloat16* qrow, int64_t D, const at::BFloat16* k_head, c
 }
 
 // Decode rows whose first `shared` keys are the same cached blocks (a shared system prompt):
-// the shared keys on tiles for every row at once, then each row's own keys one by one.
-template <int DV>
+// the shared keys in one pass for every row at once, then each row's own keys one by one.
+template <class Pass>
 void attend_shared_decode(const at::Tensor& q, const Packed& kv, const at::Tensor& k_cache, const at::Tensor& v_cache,
                           const int64_t* tables, int64_t max_blocks, const int32_t* lens, int64_t shared, float scale,
                           at::Tensor& out) {
   const int64_t n = q.size(0), H = q.size(1), D = q.size(2), KVH = k_cache.size(0), G = H / KVH;
   const int64_t NB = k_cache.size(1), BS = k_cache.size(2);
   const TaskRows rows{q.data_ptr<at::BFloat16>(), q.stride(0), q.stride(1), G, n * G, D};
-  const int64_t tiles = (rows.R + kRows - 1) / kRows;
+  const int64_t tasks = (rows.R + kRows - 1) / kRows;
   const auto* kc = k_cache.data_ptr<at::BFloat16>();
   const auto* vc = v_cache.data_ptr<at::BFloat16>();
   auto* op = out.data_ptr<at::BFloat16>();
   const float scale_log2 = scale * 1.4426950408889634f;
-  at::parallel_for(0, KVH * tiles, 1, [&](int64_t begin, int64_t end) {
-    configure_tiles();
+  at::parallel_for(0, KVH * tasks, 1, [&](int64_t begin, int64_t end) {
+    const typename Pass::Thread thread;
     std::vector<at::BFloat16> qt(kRows * D), pb(kRows * kKeys);
     std::vector<float> s(kRows * kKeys), o(kRows * D);
     RowState st;
     for (int64_t item = begin; item < end; ++item) {
-      const int64_t h = item / tiles, r0 = (item % tiles) * kRows;
+      const int64_t h = item / tasks, r0 = (item % tasks) * kRows;
       const int real = rows.load(h, r0, qt.data());
       for (int r = 0; r < kRows; ++r) st.last_key[r] = static_cast<int32_t>(shared - 1);
-      tile_pass<DV>(qt.data(), D, kv, h, (shared + kKeys - 1) / kKeys, scale_log2, st, o.data(), s.data(), pb.data());
+      attend_pass<Pass>(qt.data(), D, kv, h, (shared + kKeys - 1) / kKeys, scale_log2, st, o.data(), s.data(),
+                        pb.data());
       alignas(64) float m[kRows], l[kRows];
       _mm512_store_ps(m, st.m);
       _mm512_store_ps(l, st.l);
@@ -101,16 +103,15 @@ void attend_shared_decode(const at::Tensor& q, const Packed& kv, const at::Tenso
         write_row(orow, lr, D, op + i * out.stride(0) + (h * G + g) * out.stride(1));
       }
     }
-    _tile_release();
   });
 }
 
-#endif  // TIDE_AMX
+#endif  // TIDE_BF16_PAIRS
 
 at::Tensor decode_shared_prefix(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                                 const at::Tensor& block_tables, const at::Tensor& context_lens, int64_t shared,
                                 double scale) {
-  TORCH_CHECK(tiles_supported(), "decode_shared_prefix: this build or CPU has no AMX tiles");
+  TORCH_CHECK(pass_isa()[0] != '\0', "decode_shared_prefix: this build or CPU has neither AMX nor AVX-512 BF16");
   check_inputs("decode_shared_prefix", q, k_cache, v_cache);
   const int64_t n = q.size(0), BS = k_cache.size(2);
   TORCH_CHECK(block_tables.scalar_type() == at::kLong && block_tables.is_contiguous() && block_tables.dim() == 2 &&
@@ -130,14 +131,12 @@ at::Tensor decode_shared_prefix(const at::Tensor& q, const at::Tensor& k_cache, 
                 "decode_shared_prefix: row ", i, " does not share the first ", shared / BS, " blocks of row 0");
   }
   at::Tensor out = at::empty(q.sizes(), q.options().memory_format(at::MemoryFormat::Contiguous));
-#if defined(TIDE_AMX)
+#if defined(TIDE_BF16_PAIRS)
   const Packed kv = pack_kv(k_cache, v_cache, tables, shared);
   const float fscale = static_cast<float>(scale);
-  switch (q.size(2)) {
-    case 32: attend_shared_decode<2>(q, kv, k_cache, v_cache, tables, max_blocks, lens, shared, fscale, out); break;
-    case 64: attend_shared_decode<4>(q, kv, k_cache, v_cache, tables, max_blocks, lens, shared, fscale, out); break;
-    default: attend_shared_decode<0>(q, kv, k_cache, v_cache, tables, max_blocks, lens, shared, fscale, out);
-  }
+  with_pass(q.size(2), [&](auto pass) {
+    attend_shared_decode<decltype(pass)>(q, kv, k_cache, v_cache, tables, max_blocks, lens, shared, fscale, out);
+  });
 #endif
   return out;
 }

@@ -1,8 +1,9 @@
-"""The AMX attention kernels inside real engine steps: every attention call of a bf16
-model with 32-wide heads (dummy:small), on chunked prompts after cached prefixes and decode
-rows sharing a system prompt, is checked against the same call on SDPA and the per-row
-decode kernel. (Comparing greedy tokens would not do: the random model's top tokens are
-within 0.01 nats, and its logits barely move when attention does.)"""
+"""The native bf16 attention kernels (AMX tiles or AVX-512 BF16) inside real engine steps:
+every attention call of a bf16 model with 32-wide heads (dummy:small), on chunked prompts
+after cached prefixes and decode rows sharing a system prompt, is checked against the same
+call on SDPA and the per-row decode kernel. (Comparing greedy tokens would not do: the
+random model's top tokens are within 0.01 nats, and its logits barely move when attention
+does.)"""
 
 from __future__ import annotations
 
@@ -17,7 +18,9 @@ from tests.conftest import make_engine
 from worker.engine import SamplingParams
 from worker.models import llama
 
-pytestmark = pytest.mark.skipif(not cpu_kernels.prefill_on_tiles(), reason="no AMX tiles here")
+pytestmark = pytest.mark.skipif(
+    not cpu_kernels.native_prefill(), reason="no AMX tiles or AVX-512 BF16 here"
+)
 
 
 @pytest.fixture
@@ -27,7 +30,7 @@ def small_path(_dummy_cache):
     return resolve_model_path("dummy:small")
 
 
-def test_tile_kernels_match_sdpa_in_engine_steps(small_path, monkeypatch):
+def test_native_kernels_match_sdpa_in_engine_steps(small_path, monkeypatch):
     rng = random.Random(5)
     system = [1, *(rng.randrange(4, 260) for _ in range(320))]
     prompts = [system + [rng.randrange(4, 260) for _ in range(10)] for _ in range(6)]
@@ -36,11 +39,11 @@ def test_tile_kernels_match_sdpa_in_engine_steps(small_path, monkeypatch):
 
     def checked(query, key, value, k_cache, v_cache, meta, scale):
         got = attention.paged_attention(query, key, value, k_cache, v_cache, meta, scale)
-        attention.set_tile_prefill(False)
+        attention.set_native_prefill(False)
         try:
             want = attention.paged_attention(query, key, value, k_cache, v_cache, meta, scale)
         finally:
-            attention.set_tile_prefill(True)
+            attention.set_native_prefill(True)
         # within two bf16 steps of 1.0 (both round their output to bf16)
         torch.testing.assert_close(got.float(), want.float(), atol=8e-3, rtol=8e-3)
         seen["prefix_chunks"] += sum(c.start_pos > 0 for c in meta.prefills)

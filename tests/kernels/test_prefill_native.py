@@ -1,6 +1,8 @@
-"""The AMX prefill attention kernel (kernels/csrc/cpu_prefill_amx.cpp) against fp32 attention
-on the same bf16 data: query groups, head sizes, block sizes, chunks after cached prefixes
-that are not block aligned, scattered blocks, strided queries, and the inputs it refuses."""
+"""The native bf16 prefill attention kernel (kernels/csrc/cpu_prefill.cpp) and the shared-prefix
+decode kernel against fp32 attention on the same bf16 data: query groups, head sizes, block
+sizes, chunks after cached prefixes that are not block aligned, scattered blocks, strided
+queries, and the inputs they refuse. Every test runs on each pass this CPU has: AVX-512
+BF16 dot products, and AMX tiles where present."""
 
 from __future__ import annotations
 
@@ -12,20 +14,36 @@ import torch
 from kernels import cpu as cpu_kernels
 
 
-def cpu_has_amx() -> bool:
+def cpu_flags() -> set[str]:
     try:
-        flags = Path("/proc/cpuinfo").read_text()
+        first = Path("/proc/cpuinfo").read_text().split("\n\n", 1)[0]
     except OSError:
-        return False
-    return "amx_bf16" in flags and "avx512_bf16" in flags
+        return set()
+    return {f for line in first.splitlines() if line.startswith("flags") for f in line.split()}
 
 
-# Skipped only on CPUs without AMX: where it has them, a kernel that fails to build fails here.
-pytestmark = pytest.mark.skipif(not cpu_has_amx(), reason="this CPU has no AMX tiles")
+FLAGS = cpu_flags()
+PASSES = ["avx512_bf16"] + (["amx"] if "amx_bf16" in FLAGS else [])
+
+# Skipped only on CPUs without AVX-512 BF16: where it has it, a kernel that fails to build
+# fails here.
+pytestmark = pytest.mark.skipif("avx512_bf16" not in FLAGS, reason="this CPU has no AVX-512 BF16")
+
+
+@pytest.fixture(params=PASSES, autouse=True)
+def attention_pass(request):
+    """Each test once per pass: the vector pass forced where tiles would run."""
+    ops = cpu_kernels.ops()
+    ops.attention_pass_prefer_vector(request.param == "avx512_bf16")
+    try:
+        assert cpu_kernels.attention_pass_isa() == request.param
+        yield request.param
+    finally:
+        ops.attention_pass_prefer_vector(False)
 
 
 def test_the_kernel_is_offered_here():
-    assert cpu_kernels.prefill_on_tiles(), "AMX CPU, but the tile kernel is not built or granted"
+    assert cpu_kernels.native_prefill(), "AVX-512 BF16 CPU, but the kernel is not built"
 
 
 def reference(q, k_cache, v_cache, table, start, scale):

@@ -1,10 +1,11 @@
-// AMX tiles for attention, part 1: the tile state, and K/V repacked from the paged cache
-// into the layouts the tile multiply takes as its right operand (included by
-// cpu_prefill_amx.cpp and cpu_shared_decode.cpp; everything here is inline).
+// Attention on bf16 pairs, part 1: K/V repacked from the paged cache into the layout that
+// both AMX's tile multiply and AVX-512 BF16's vdpbf16ps take as their right operand
+// (included by cpu_prefill.cpp and cpu_shared_decode.cpp through the passes; all inline).
 //
 // K^T per 16 keys and 32 dims, V per 32 keys and 16 dims, pairs of bf16 along the reduced
 // dimension, keys past the context zeros; packed once per call, in a buffer kept per
-// calling thread.
+// calling thread. One row of such a 16 x 64-byte block is 16 lanes of bf16 pairs: one
+// AVX-512 register, the operand of one vdpbf16ps against a broadcast pair of the left side.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -18,14 +19,12 @@
 #include <memory>
 #include <vector>
 
-#if defined(__AMX_BF16__) && defined(__AMX_TILE__) && defined(__AVX512BF16__)
-#define TIDE_AMX 1
+#if defined(__AVX512BF16__) && defined(__AVX512BW__) && defined(__AVX512F__)
+#define TIDE_BF16_PAIRS 1
 #include <immintrin.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 #endif
 
-namespace tide_amx {
+namespace tide_attn {
 
 inline void check_inputs(const char* op, const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache) {
   TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 4 && v_cache.sizes() == k_cache.sizes(), op,
@@ -41,37 +40,11 @@ inline void check_inputs(const char* op, const at::Tensor& q, const at::Tensor& 
               k_cache.size(0));
 }
 
-#if defined(TIDE_AMX)
+#if defined(TIDE_BF16_PAIRS)
 
 constexpr int kRows = 16;  // query rows per task (one tile's rows)
 constexpr int kKeys = 64;  // keys per softmax step
-constexpr int kTile = 512;  // bf16 elements in one 16 x 64-byte tile
-
-// Linux hands a process the AMX tile state only on request (arch_prctl
-// ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA); oneDNN asks too, asking twice is harmless.
-inline bool tiles_granted() {
-  static const bool granted = syscall(SYS_arch_prctl, 0x1023, 18) == 0;
-  return granted;
-}
-
-struct TileConfig {
-  uint8_t palette = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
-// Eight tiles, all 16 rows x 64 bytes: 0 the left operand (Q or P), 1 the right (K^T or V),
-// 2 a score tile, 3 an output tile (wide heads), 4-7 the output of heads up to 64 wide.
-inline void configure_tiles() {
-  TileConfig cfg;
-  for (int t = 0; t < 8; ++t) {
-    cfg.colsb[t] = 64;
-    cfg.rows[t] = 16;
-  }
-  _tile_loadconfig(&cfg);
-}
+constexpr int kTile = 512;  // bf16 elements in one 16 x 64-byte block (an AMX tile)
 
 // A buffer that grows and is kept (per calling thread): a fresh allocation per call would
 // fault in its pages each time, costing more than the packing.
@@ -177,14 +150,6 @@ inline Packed pack_kv(const at::Tensor& k_cache, const at::Tensor& v_cache, cons
   return p;
 }
 
-#endif  // TIDE_AMX
+#endif  // TIDE_BF16_PAIRS
 
-inline bool tiles_supported() {
-#if defined(TIDE_AMX)
-  return tiles_granted();
-#else
-  return false;
-#endif
-}
-
-}  // namespace tide_amx
+}  // namespace tide_attn
