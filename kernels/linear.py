@@ -9,6 +9,12 @@ Two packed copies serve the two regimes of a decode engine:
 The GEMV copy doubles the weight memory of a CPU worker; set ``TIDE_CPU_KERNELS=0`` to
 trade that latency for memory. Where the oneDNN op is missing or disagrees with
 ``F.linear`` on a probe, the plain path is used; the choice is made once per process.
+
+oneDNN builds (JITs) a matmul for every new row count it sees, and a mixed step's row
+count is new almost every time: a first call at 400 rows took twice as long as the next
+one. So the packed matmul runs at a few fixed row counts (``packed_rows``: multiples of 8
+up to 64 rows, of 64 above), the rows padded with zeros, and ``Linear.warm_up`` builds
+them all when the model loads.
 """
 
 from __future__ import annotations
@@ -32,6 +38,23 @@ PACK_BATCH_HINT = 64
 # 1.0-1.2x at 256, 0.85-0.97x at 1,024 (session 17, /tmp harness; engine A/B in the docs).
 PACK_FLOAT32 = True
 
+# Row buckets of the packed matmul: small steps (decode batches) are bound by the weight
+# read, so 8 more rows cost almost nothing; above SMALL_ROWS a step pads at most 63 rows.
+SMALL_ROWS, SMALL_STEP, LARGE_STEP = 64, 8, 64
+
+
+def packed_rows(rows: int) -> int:
+    """The row count the packed matmul runs a call of ``rows`` rows at."""
+    step = SMALL_STEP if rows <= SMALL_ROWS else LARGE_STEP
+    return -(-rows // step) * step
+
+
+def packed_row_buckets(max_rows: int) -> list[int]:
+    """Every row count ``packed_rows`` gives for 1..max_rows rows."""
+    small = range(SMALL_STEP, min(max_rows, SMALL_ROWS) + SMALL_STEP, SMALL_STEP)
+    large = range(SMALL_ROWS + LARGE_STEP, packed_rows(max_rows) + 1, LARGE_STEP)
+    return [*small, *(large if max_rows > SMALL_ROWS else ())]
+
 
 @functools.cache
 def _packed_linear_works(dtype: torch.dtype = torch.bfloat16) -> bool:
@@ -51,6 +74,7 @@ class Linear:
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         self.out_features, self.in_features = weight.shape
         self.bias = bias
+        self.dtype = weight.dtype
         cpu_bf16 = weight.device.type == "cpu" and weight.dtype == torch.bfloat16
         self.gemv_rows = 0
         self.gemv_weight: torch.Tensor | None = None
@@ -72,5 +96,25 @@ class Linear:
         if 0 < x.shape[0] <= self.gemv_rows and x.dim() == 2:
             return cpu_kernels.ops().gemv_bf16(x, self.gemv_weight, self.bias, self.out_features)
         if self.packed:
-            return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+            return self._packed(x)
         return F.linear(x, self.weight, self.bias)
+
+    def _packed(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.shape[0] if x.dim() == 2 else 0
+        padded = packed_rows(rows) if rows else 0
+        if padded > rows:
+            buf = x.new_empty((padded, x.shape[1]))
+            buf[:rows].copy_(x)
+            buf[rows:].zero_()
+            x = buf
+        y = torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+        return y[:rows] if padded > rows else y
+
+    def warm_up(self, max_rows: int) -> None:
+        """Build the packed matmul for every row bucket up to max_rows now, not mid-serving
+        (oneDNN caches them per process: one build per bucket and weight shape)."""
+        if not self.packed:
+            return
+        for rows in packed_row_buckets(max_rows):
+            if rows > self.gemv_rows:
+                self._packed(torch.zeros(rows, self.in_features, dtype=self.dtype))

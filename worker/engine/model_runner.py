@@ -13,6 +13,7 @@ before serving and, on CUDA, the peak is measured for the KV budget
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 
 import torch
@@ -21,6 +22,7 @@ from kernels.attention import decode_reads_rows_in_place, set_attention_backend
 from kernels.launch import check_devices
 from worker.engine.config import EngineConfig
 from worker.engine.decode_graphs import DecodeGraphs, graph_mode
+from worker.engine.host_memory import keep_step_buffers
 from worker.engine.kv_budget import GpuMemory, gpu_kv_budget
 from worker.engine.sampler import profile_sampling
 from worker.engine.scheduler import ScheduledRequest, SchedulerOutput
@@ -103,6 +105,13 @@ class ModelRunner:
             self.block_size,
             self.num_blocks * self.block_bytes / 2**20,
         )
+        if self.device.type == "cpu":
+            keep_step_buffers()
+            started = time.perf_counter()
+            model.warm_up_matmuls(largest, config.max_num_seqs)
+            log.info(
+                "CPU matmuls built for every row bucket in %.2f s", time.perf_counter() - started
+            )
         self.graphs: DecodeGraphs | None = None
         if self.graph_mode != "off":
             self.graphs = DecodeGraphs(

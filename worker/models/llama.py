@@ -101,6 +101,14 @@ class LlamaModel:
         hidden = rms_norm(hidden[logits_indices], self.norm, cfg.rms_norm_eps)
         return self.lm_head(hidden).float()
 
+    def warm_up_matmuls(self, max_rows: int, max_logit_rows: int) -> None:
+        """Build the packed CPU matmuls for every row bucket now (``kernels/linear.py``):
+        every layer has layer 0's shapes, and oneDNN keeps one build per shape."""
+        first = self.layers[0]
+        for lin in (first.qkv, first.o, first.gate_up, first.down):
+            lin.warm_up(max_rows)
+        self.lm_head.warm_up(max_logit_rows)
+
     def _decode_layers_setup(self) -> None:
         """Weights for the one-call decode step (``tide::decode_layers``), where every
         projection has a native GEMV weight (not fp32, odd sizes, or no AVX-512 BF16)."""
