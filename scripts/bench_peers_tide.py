@@ -34,8 +34,11 @@ from infra.plan.roofline import DevicePeaks, ModelCost, run_roofline_seconds
 from infra.stats import percentile
 from worker.engine import LLMEngine, SamplingParams
 
-MATMUL = ("aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear", "mkldnn")
-ATTENTION = ("attention", "sdpa", "scaled_dot_product", "write_kv_cache", "flash")
+# tide::gemv_bf16 and tide::decode_layers (a whole 1-2 row decode step in one call, its time
+# the GEMV's weight stream) count as matmuls; tide::decode_shared_prefix as attention.
+MATMUL = ("aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear", "mkldnn",
+          "gemv", "decode_layers")  # fmt: skip
+ATTENTION = ("attention", "sdpa", "scaled_dot_product", "write_kv_cache", "flash", "shared_prefix")
 
 
 def op_kind(name: str) -> str:

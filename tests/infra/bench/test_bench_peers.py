@@ -50,3 +50,23 @@ def test_tide_runner_reports_tokens_ttft_and_splits(tmp_path, tiny_path):
             assert roof["read_gb_s"] > 0.1 and roof["matmul_tflop_s"] > 0.001
             assert roof["seconds"] > 0 and 0 < roof["share"] < 1
             assert roof["share"] == roof["seconds"] / result["seconds"]
+
+
+def test_every_native_op_lands_in_its_kind():
+    """The shared-prefix decode kernel is attention and the fused 1-2 row decode step a
+    matmul (its time is the GEMV's weight stream); both once fell into other_ops."""
+    from bench_peers_tide import op_kind
+
+    kinds = {
+        "mkldnn::_linear_pointwise": "matmul",
+        "tide::gemv_bf16": "matmul",
+        "tide::decode_layers": "matmul",
+        "tide::paged_decode_attention": "attention",
+        "tide::prefill_attention": "attention",
+        "tide::decode_shared_prefix": "attention",
+        "tide::write_kv_cache": "attention",
+        "tide::silu_mul": "other_ops",
+        "tide::rotary_": "other_ops",
+        "tide::add_rms_norm_": "other_ops",
+    }
+    assert {name: op_kind(name) for name in kinds} == kinds
