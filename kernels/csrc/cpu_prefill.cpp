@@ -31,27 +31,18 @@ template <class Pass>
 void attend_chunk(const at::Tensor& q, const Packed& kv, int64_t KVH, int64_t start, float scale, at::Tensor& out) {
   const int64_t L = q.size(0), H = q.size(1), D = q.size(2), G = H / KVH;
   const TaskRows rows{q.data_ptr<at::BFloat16>(), q.stride(0), q.stride(1), G, L * G, D};
-  const int64_t tasks = (rows.R + kRows - 1) / kRows;
   auto* op = out.data_ptr<at::BFloat16>();
   const float scale_log2 = scale * 1.4426950408889634f;
-  at::parallel_for(0, KVH * tasks, 1, [&](int64_t begin, int64_t end) {
-    const typename Pass::Thread thread;
-    std::vector<at::BFloat16> qt(kRows * D), pb(kRows * kKeys);
-    std::vector<float> s(kRows * kKeys), o(kRows * D);
-    RowState st;
-    for (int64_t item = begin; item < end; ++item) {
-      const int64_t h = item / tasks, r0 = (item % tasks) * kRows;
-      const int real = rows.load(h, r0, qt.data());
-      // Query i sees keys ..= start + i; rows past the end see what the last real one sees.
-      for (int r = 0; r < kRows; ++r) st.last_key[r] = static_cast<int32_t>(start + (r0 + std::min(r, real - 1)) / G);
-      attend_pass<Pass>(qt.data(), D, kv, h, st.last_key[kRows - 1] / kKeys + 1, scale_log2, st, o.data(), s.data(),
-                        pb.data());
-      alignas(64) float l[kRows];
-      _mm512_store_ps(l, st.l);
-      for (int r = 0; r < real; ++r) {
-        const int64_t i = (r0 + r) / G, g = (r0 + r) % G;
-        write_row(o.data() + r * D, l[r], D, op + i * out.stride(0) + (h * G + g) * out.stride(1));
-      }
+  for_each_task<Pass>(rows, KVH, [&](int64_t h, int64_t r0, int real, TaskBuffers& b) {
+    // Query i sees keys ..= start + i; rows past the end see what the last real one sees.
+    for (int r = 0; r < kRows; ++r) b.st.last_key[r] = static_cast<int32_t>(start + (r0 + std::min(r, real - 1)) / G);
+    attend_pass<Pass>(b.qt.data(), D, kv, h, b.st.last_key[kRows - 1] / kKeys + 1, scale_log2, b.st, b.o.data(),
+                      b.s.data(), b.pb.data());
+    alignas(64) float l[kRows];
+    _mm512_store_ps(l, b.st.l);
+    for (int r = 0; r < real; ++r) {
+      const int64_t i = (r0 + r) / G, g = (r0 + r) % G;
+      write_row(b.o.data() + r * D, l[r], D, op + i * out.stride(0) + (h * G + g) * out.stride(1));
     }
   });
 }

@@ -73,35 +73,26 @@ void attend_shared_decode(const at::Tensor& q, const Packed& kv, const at::Tenso
   const int64_t n = q.size(0), H = q.size(1), D = q.size(2), KVH = k_cache.size(0), G = H / KVH;
   const int64_t NB = k_cache.size(1), BS = k_cache.size(2);
   const TaskRows rows{q.data_ptr<at::BFloat16>(), q.stride(0), q.stride(1), G, n * G, D};
-  const int64_t tasks = (rows.R + kRows - 1) / kRows;
   const auto* kc = k_cache.data_ptr<at::BFloat16>();
   const auto* vc = v_cache.data_ptr<at::BFloat16>();
   auto* op = out.data_ptr<at::BFloat16>();
   const float scale_log2 = scale * 1.4426950408889634f;
-  at::parallel_for(0, KVH * tasks, 1, [&](int64_t begin, int64_t end) {
-    const typename Pass::Thread thread;
-    std::vector<at::BFloat16> qt(kRows * D), pb(kRows * kKeys);
-    std::vector<float> s(kRows * kKeys), o(kRows * D);
-    RowState st;
-    for (int64_t item = begin; item < end; ++item) {
-      const int64_t h = item / tasks, r0 = (item % tasks) * kRows;
-      const int real = rows.load(h, r0, qt.data());
-      for (int r = 0; r < kRows; ++r) st.last_key[r] = static_cast<int32_t>(shared - 1);
-      attend_pass<Pass>(qt.data(), D, kv, h, (shared + kKeys - 1) / kKeys, scale_log2, st, o.data(), s.data(),
-                        pb.data());
-      alignas(64) float m[kRows], l[kRows];
-      _mm512_store_ps(m, st.m);
-      _mm512_store_ps(l, st.l);
-      for (int r = 0; r < real; ++r) {
-        const int64_t i = (r0 + r) / G, g = (r0 + r) % G;
-        const int64_t* table = tables + i * max_blocks;
-        float* orow = o.data() + r * D;
-        const at::BFloat16* qrow = qt.data() + r * D;
-        float mr = m[r], lr = l[r];
-        own_keys(qrow, D, kc + h * NB * BS * D, vc + h * NB * BS * D, table, BS, shared, lens[i], scale_log2, mr, lr,
-                 orow);
-        write_row(orow, lr, D, op + i * out.stride(0) + (h * G + g) * out.stride(1));
-      }
+  for_each_task<Pass>(rows, KVH, [&](int64_t h, int64_t r0, int real, TaskBuffers& b) {
+    for (int r = 0; r < kRows; ++r) b.st.last_key[r] = static_cast<int32_t>(shared - 1);
+    attend_pass<Pass>(b.qt.data(), D, kv, h, (shared + kKeys - 1) / kKeys, scale_log2, b.st, b.o.data(), b.s.data(),
+                      b.pb.data());
+    alignas(64) float m[kRows], l[kRows];
+    _mm512_store_ps(m, b.st.m);
+    _mm512_store_ps(l, b.st.l);
+    for (int r = 0; r < real; ++r) {
+      const int64_t i = (r0 + r) / G, g = (r0 + r) % G;
+      const int64_t* table = tables + i * max_blocks;
+      float* orow = b.o.data() + r * D;
+      const at::BFloat16* qrow = b.qt.data() + r * D;
+      float mr = m[r], lr = l[r];
+      own_keys(qrow, D, kc + h * NB * BS * D, vc + h * NB * BS * D, table, BS, shared, lens[i], scale_log2, mr, lr,
+               orow);
+      write_row(orow, lr, D, op + i * out.stride(0) + (h * G + g) * out.stride(1));
     }
   });
 }

@@ -166,6 +166,31 @@ void attend_pass(const at::BFloat16* qt, int64_t D, const Packed& kv, int64_t h,
   Pass::finish(o, D);
 }
 
+// One thread's working set for its tasks: query rows, block scores and probabilities, the
+// output rows and the softmax state.
+struct TaskBuffers {
+  std::vector<at::BFloat16> qt, pb;
+  std::vector<float> s, o;
+  RowState st;
+  explicit TaskBuffers(int64_t D) : qt(kRows * D), pb(kRows * kKeys), s(kRows * kKeys), o(kRows * D) {}
+};
+
+// Runs body(h, r0, real, buffers) for every task (16 query rows of one KV head, rows r0..)
+// on the thread pool, the task's query rows loaded into buffers.qt; every thread holds the
+// pass's per-thread state (the AMX tile configuration) while it runs tasks.
+template <class Pass, class Body>
+void for_each_task(const TaskRows& rows, int64_t KVH, Body&& body) {
+  const int64_t tasks = (rows.R + kRows - 1) / kRows;
+  at::parallel_for(0, KVH * tasks, 1, [&](int64_t begin, int64_t end) {
+    const typename Pass::Thread thread;
+    TaskBuffers b(rows.D);
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t h = item / tasks, r0 = (item % tasks) * kRows;
+      body(h, r0, rows.load(h, r0, b.qt.data()), b);
+    }
+  });
+}
+
 #endif  // TIDE_BF16_PAIRS
 
 }  // namespace tide_attn
