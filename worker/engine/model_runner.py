@@ -64,10 +64,6 @@ def available_memory_bytes() -> int:
     return 4 << 30
 
 
-# CPU: run profile_run's largest steps at load (off: tests and A/B harnesses).
-WARM_STEPS = True
-
-
 class ModelRunner:
     def __init__(self, model: LlamaModel, config: EngineConfig, max_model_len: int) -> None:
         self.model = model
@@ -114,11 +110,10 @@ class ModelRunner:
             keep_step_buffers()
             started = time.perf_counter()
             model.warm_up_matmuls(largest, config.max_num_seqs)
-            if WARM_STEPS:
-                # The largest steps once, so the first real one does not fault in its
-                # activations (the first 1,024-token step took 182 ms against 217 for
-                # the next, heavier one; its silu_mul alone 21 ms against 7).
-                self.profile_run()
+            # The largest steps once, so the first real one does not fault in its
+            # activations (the first 1,024-token step of the shared bench took 185-202 ms
+            # without this, 146-150 ms with it).
+            self.profile_run()
             log.info(
                 "CPU matmuls built for every row bucket and the largest steps run in %.2f s",
                 time.perf_counter() - started,
@@ -201,9 +196,10 @@ class ModelRunner:
         chunk = min(16, n, max(1, self.max_model_len - bs))  # a small tile after one block
         # The step's prefill tokens as prompts no longer than the model's context, with as
         # many decode rows beside them as the step's max_num_seqs rows leave room for.
-        cap, pieces = self.max_model_len, 1
-        while pieces < rows and -(-(n - rows + pieces) // cap) > pieces:
-            pieces += 1
+        # k prompts of at most cap tokens hold the n - rows + k tokens beside rows - k decodes
+        # when n - rows <= k (cap - 1): the fewest such k, and never more than rows.
+        cap = self.max_model_len
+        pieces = min(rows, max(1, -(-(n - rows) // max(cap - 1, 1))))
         decode_rows, total = rows - pieces, min(n - rows + pieces, pieces * cap)
         lengths = [min(cap, total - start) for start in range(0, total, cap)]
         spans = [-(-length // bs) for length in lengths]
