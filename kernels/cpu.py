@@ -52,6 +52,7 @@ HEADERS = (
     CSRC / "avx512_bf16_pass.h",
     CSRC / "attention_passes.h",
     CSRC / "decode_avx2.h",
+    CSRC / "longest_first.h",
 )
 CFLAGS = ("-O3", "-march=native", "-fopenmp")
 LDFLAGS = ("-fopenmp",)

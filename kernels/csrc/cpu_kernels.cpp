@@ -6,7 +6,7 @@
 //   tide::paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale)
 //       one query token per row against its paged K/V, read in place from the block
 //       pool (no gather copy); each (row, kv head) pair is one task, its query heads
-//       (GQA group) share every K/V row read.
+//       (GQA group) share every K/V row read; tasks run longest context first.
 //   Padding rows (a decode batch padded to a fixed size): a KV write to slot -1 is
 //   skipped and a context of length 0 attends to nothing (zeros).
 //
@@ -31,6 +31,7 @@
 #include <immintrin.h>
 #endif
 #include "decode_avx2.h"
+#include "longest_first.h"
 
 namespace {
 
@@ -288,15 +289,23 @@ void decode_attention_impl(const at::Tensor& q, const at::Tensor& k_cache, const
     TORCH_CHECK(lens[i] >= 0 && lens[i] <= max_blocks * BS, "context length ", lens[i], " of row ", i,
                 " is outside 0..", max_blocks * BS);
 
-  at::parallel_for(0, n * KVH, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> qf(G * D), acc(G * D), scores, kbuf(16 * D), inv_sum(G);
-    std::vector<T> qraw(G * D);
-    for (int64_t item = begin; item < end; ++item) {
+  struct Scratch {
+    std::vector<float> qf, acc, scores, kbuf, inv_sum;
+    std::vector<T> qraw;
+  };
+  auto make_scratch = [&] {
+    return Scratch{std::vector<float>(G * D), std::vector<float>(G * D), {}, std::vector<float>(16 * D),
+                   std::vector<float>(G), std::vector<T>(G * D)};
+  };
+  // One task per (row, kv head), longest context first (rows' lengths are heavy-tailed).
+  tide_sched::longest_first(n * KVH, [&](int64_t item) { return int64_t{lens[item / KVH]}; }, make_scratch,
+                            [&](int64_t item, Scratch& sc) {
+      auto& [qf, acc, scores, kbuf, inv_sum, qraw] = sc;
       const int64_t i = item / KVH, h = item % KVH;
       const int64_t len = lens[i];
       if (len == 0) {  // a padding row attends to nothing: zeros
         for (int64_t g = 0; g < G; ++g) std::fill_n(op + i * o_s0 + (h * G + g) * o_s1, D, static_cast<T>(0.f));
-        continue;
+        return;
       }
       const int64_t Lp = (len + 15) / 16 * 16;
       for (int64_t g = 0; g < G; ++g) {
@@ -335,7 +344,6 @@ void decode_attention_impl(const at::Tensor& q, const at::Tensor& k_cache, const
         T* dst = op + i * o_s0 + (h * G + g) * o_s1;
         for (int64_t d = 0; d < D; ++d) dst[d] = static_cast<T>(acc[g * D + d]);
       }
-    }
   });
 }
 
