@@ -15,11 +15,21 @@ count is new almost every time: a first call at 400 rows took twice as long as t
 one. So the packed matmul runs at a few fixed row counts (``packed_rows``: multiples of 8
 up to 64 rows, of 64 above), the rows padded with zeros, and ``Linear.warm_up`` builds
 them all when the model loads.
+
+oneDNN's rate also falls off a cliff past some row count for some shapes: on the bench
+model's o projection (1,024 x 1,024, 9 layers, AMX, 2 threads) 1,024 rows ran at 1.19
+TFLOP/s in one call and 1.76 in two of 512, while qkv, gate|up and down ran 0.85-0.89x as
+fast in pieces (``python scripts/bench_linear_split.py``). So at load the model times each
+shape's largest bucket in one call against ``SPLIT_ROWS``-row pieces, over every layer's
+weights (``choose_row_split``: about 0.4 s), and a shape whose pieces won runs its large
+calls as pieces: long prompts (``scripts/bench_peers.py --workloads long``) 1.05-1.07x.
 """
 
 from __future__ import annotations
 
 import functools
+import time
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -41,6 +51,11 @@ PACK_FLOAT32 = True
 # Row buckets of the packed matmul: small steps (decode batches) are bound by the weight
 # read, so 8 more rows cost almost nothing; above SMALL_ROWS a step pads at most 63 rows.
 SMALL_ROWS, SMALL_STEP, LARGE_STEP = 64, 8, 64
+
+# Large calls run in pieces of this many rows where that was faster at load (a multiple of
+# LARGE_STEP, so every piece is a warmed bucket); a split must win by SPLIT_MARGIN.
+SPLIT_ROWS = 512
+SPLIT_MARGIN = 0.95
 
 
 def packed_rows(rows: int) -> int:
@@ -91,6 +106,7 @@ class Linear:
             self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, PACK_BATCH_HINT)
         else:
             self.weight = weight
+        self.split_rows = 0  # > 0: packed calls of more rows run in pieces of this many
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if 0 < x.shape[0] <= self.gemv_rows and x.dim() == 2:
@@ -101,14 +117,20 @@ class Linear:
 
     def _packed(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.shape[0] if x.dim() == 2 else 0
+        if 0 < self.split_rows < rows:
+            step = self.split_rows
+            return torch.cat([self._packed(x[i : i + step]) for i in range(0, rows, step)])
         padded = packed_rows(rows) if rows else 0
         if padded > rows:
             buf = x.new_empty((padded, x.shape[1]))
             buf[:rows].copy_(x)
             buf[rows:].zero_()
             x = buf
-        y = torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+        y = self._onednn(x)
         return y[:rows] if padded > rows else y
+
+    def _onednn(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
 
     def warm_up(self, max_rows: int) -> None:
         """Build the packed matmul for every row bucket up to max_rows now, not mid-serving
@@ -118,3 +140,35 @@ class Linear:
         for rows in packed_row_buckets(max_rows):
             if rows > self.gemv_rows:
                 self._packed(torch.zeros(rows, self.in_features, dtype=self.dtype))
+
+
+def choose_row_split(linears: Sequence[Linear], max_rows: int, repeats: int = 2) -> int:
+    """For projections of one shape (one per layer), time a pass over all of them at the
+    largest row bucket in one call each against the same rows in SPLIT_ROWS pieces (the
+    weights streamed from memory as a step streams them; one layer's alone stay in cache
+    and hid gate|up's cliff); keep the pieces where they win by SPLIT_MARGIN. Sets and
+    returns split_rows (0: whole calls). warm_up must have built the buckets."""
+    top = packed_rows(max_rows)
+    for lin in linears:
+        lin.split_rows = 0
+    if not linears or not linears[0].packed or top <= SPLIT_ROWS:
+        return 0
+    x = torch.randn(top, linears[0].in_features).to(linears[0].dtype)
+
+    def best_pass() -> float:
+        best = float("inf")
+        for _ in range(repeats):
+            started = time.perf_counter()
+            for lin in linears:
+                lin(x)
+            best = min(best, time.perf_counter() - started)
+        return best
+
+    whole = best_pass()
+    for lin in linears:
+        lin.split_rows = SPLIT_ROWS
+    pieces = best_pass()
+    split = SPLIT_ROWS if pieces < SPLIT_MARGIN * whole else 0
+    for lin in linears:
+        lin.split_rows = split
+    return split

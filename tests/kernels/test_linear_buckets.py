@@ -49,3 +49,52 @@ def test_padded_calls_match_f_linear_on_the_real_rows(dtype, with_bias):
         )
         tol = dict(atol=5e-2, rtol=1e-2) if dtype == torch.bfloat16 else dict(atol=1e-4, rtol=1e-4)
         torch.testing.assert_close(got.float(), ref, **tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_calls_split_into_row_pieces_match_f_linear(dtype):
+    gen = torch.Generator().manual_seed(12)
+    w = torch.randn(48, 32, generator=gen).to(dtype)
+    layer = Linear(w, torch.randn(48, generator=gen).to(dtype))
+    if not layer.packed:
+        pytest.skip("oneDNN's packed matmul is not available here")
+    layer.split_rows = 128
+    for rows in (100, 128, 129, 300, 513):
+        x = torch.randn(rows, 32, generator=gen).to(dtype)
+        ref = torch.nn.functional.linear(x.float(), w.float(), layer.bias.float())
+        tol = dict(atol=5e-2, rtol=1e-2) if dtype == torch.bfloat16 else dict(atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(layer(x).float(), ref, **tol)
+
+
+class FakeClock:
+    """Stands in for time.perf_counter: each oneDNN call advances it by cost(rows)."""
+
+    def __init__(self, cost) -> None:  # type: ignore[no-untyped-def]
+        self.now, self.cost = 0.0, cost
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.mark.parametrize(
+    ("cost", "expected"),
+    [
+        (lambda rows: rows * (2.0 if rows > 512 else 1.0), linear.SPLIT_ROWS),  # a cliff
+        (lambda rows: float(rows), 0),  # linear in rows: pieces gain nothing
+        (lambda rows: 10.0 + rows, 0),  # a fixed cost per call: pieces lose
+    ],
+)
+def test_choose_row_split_keeps_pieces_only_where_they_are_faster(monkeypatch, cost, expected):
+    clock = FakeClock(cost)
+    monkeypatch.setattr(linear.time, "perf_counter", clock)
+
+    def fake_onednn(self, x):  # type: ignore[no-untyped-def]
+        clock.now += clock.cost(x.shape[0])
+        return torch.zeros(x.shape[0], self.out_features, dtype=x.dtype)
+
+    monkeypatch.setattr(Linear, "_onednn", fake_onednn)
+    monkeypatch.setattr(linear, "_packed_linear_works", lambda dtype=None: True)
+    layers = [Linear(torch.zeros(16, 32)) for _ in range(3)]
+    assert linear.choose_row_split(layers, 1000) == expected
+    assert [lin.split_rows for lin in layers] == [expected] * 3
+    assert linear.choose_row_split(layers, linear.SPLIT_ROWS) == 0, "nothing to split"

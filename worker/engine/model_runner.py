@@ -20,6 +20,7 @@ import torch
 
 from kernels.attention import decode_reads_rows_in_place, set_attention_backend
 from kernels.launch import check_devices
+from kernels.linear import SPLIT_ROWS
 from worker.engine.config import EngineConfig
 from worker.engine.decode_graphs import DecodeGraphs, graph_mode
 from worker.engine.host_memory import keep_step_buffers
@@ -109,13 +110,16 @@ class ModelRunner:
         if self.device.type == "cpu":
             keep_step_buffers()
             started = time.perf_counter()
-            model.warm_up_matmuls(largest, config.max_num_seqs)
+            split = model.warm_up_matmuls(largest, config.max_num_seqs)
             # The largest steps once, so the first real one does not fault in its
             # activations (the first 1,024-token step of the shared bench took 185-202 ms
             # without this, 146-150 ms with it).
             self.profile_run()
             log.info(
-                "CPU matmuls built for every row bucket and the largest steps run in %.2f s",
+                "CPU matmuls built for every row bucket (in row pieces past %d rows: %s) and "
+                "the largest steps run in %.2f s",
+                SPLIT_ROWS,
+                ", ".join(split) or "none",
                 time.perf_counter() - started,
             )
         self.graphs: DecodeGraphs | None = None

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from kernels import AttentionMetadata, paged_attention, write_kv_cache
 from kernels import cpu as cpu_kernels
 from kernels.attention import decode_reads_rows_in_place
-from kernels.linear import Linear
+from kernels.linear import Linear, choose_row_split
 from worker.models.config import ModelConfig
 from worker.models.rope import RotaryEmbedding, apply_rotary
 
@@ -101,13 +101,19 @@ class LlamaModel:
         hidden = rms_norm(hidden[logits_indices], self.norm, cfg.rms_norm_eps)
         return self.lm_head(hidden).float()
 
-    def warm_up_matmuls(self, max_rows: int, max_logit_rows: int) -> None:
+    def warm_up_matmuls(self, max_rows: int, max_logit_rows: int) -> list[str]:
         """Build the packed CPU matmuls for every row bucket now (``kernels/linear.py``):
-        every layer has layer 0's shapes, and oneDNN keeps one build per shape."""
-        first = self.layers[0]
-        for lin in (first.qkv, first.o, first.gate_up, first.down):
-            lin.warm_up(max_rows)
+        every layer has layer 0's shapes, and oneDNN keeps one build per shape. Then each
+        shape chooses whether its large calls run in row pieces (``choose_row_split``).
+        Returns the projections that do."""
+        split = []
+        for name in ("qkv", "o", "gate_up", "down"):
+            same_shape: list[Linear] = [getattr(layer, name) for layer in self.layers]
+            same_shape[0].warm_up(max_rows)
+            if choose_row_split(same_shape, max_rows):
+                split.append(name)
         self.lm_head.warm_up(max_logit_rows)
+        return split
 
     def _decode_layers_setup(self) -> None:
         """Weights for the one-call decode step (``tide::decode_layers``), where every
