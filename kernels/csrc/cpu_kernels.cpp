@@ -50,6 +50,12 @@ inline __m512 widen_bf16(__m256bh v) {
   const __m256i raw = reinterpret_cast<const __m256i&>(v);
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
 }
+// 16 floats to T, rounded to nearest even as static_cast<T> rounds them.
+inline void store16(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
+inline void store16(at::BFloat16* p, __m512 v) {
+  const __m256bh r = _mm512_cvtneps_pbh(v);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), reinterpret_cast<const __m256i&>(r));
+}
 #endif
 inline __m512 load16(const at::BFloat16* p) {
   __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
@@ -560,7 +566,17 @@ void rotary_(at::Tensor& x, const at::Tensor& positions, const at::Tensor& cos, 
         const scalar_t* s = sp + pos[r] * head_dim;
         for (int64_t h = 0; h < heads; ++h) {
           scalar_t* v = xp + r * stride + h * head_dim;
-          for (int64_t i = 0; i < half; ++i) {
+          int64_t i = 0;
+#if defined(__AVX512BF16__)
+          // The scalar loop's arithmetic (products rounded, then the difference), 16 lanes.
+          for (; i + 16 <= half; i += 16) {
+            const __m512 a = load16(v + i), b = load16(v + i + half);
+            store16(v + i, _mm512_sub_ps(_mm512_mul_ps(a, load16(c + i)), _mm512_mul_ps(b, load16(s + i))));
+            store16(v + i + half,
+                    _mm512_add_ps(_mm512_mul_ps(b, load16(c + i + half)), _mm512_mul_ps(a, load16(s + i + half))));
+          }
+#endif
+          for (; i < half; ++i) {
             const float a = to_float(v[i]), b = to_float(v[i + half]);
             v[i] = round_to<scalar_t>(a * to_float(c[i]) - b * to_float(s[i]));
             v[i + half] = round_to<scalar_t>(b * to_float(c[i + half]) + a * to_float(s[i + half]));
