@@ -110,6 +110,13 @@ def paged_attention(
                 query[group.rows], k_cache, v_cache, group, scale
             )
     native = cpp and native_prefill(query.dtype, query.shape[2])
+    if native and meta.prefill_batch is not None:  # every chunk in one call, into out
+        b = meta.prefill_batch
+        cpu_kernels.ops().prefill_attention_varlen(
+            query, k_cache, v_cache, b.query_start, b.start_pos, b.block_tables, b.first_row,
+            scale, out,
+        )  # fmt: skip
+        return out
     for chunk in meta.prefills:
         if native:
             out[chunk.rows] = cpu_kernels.ops().prefill_attention(

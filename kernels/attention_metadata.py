@@ -28,7 +28,8 @@ class PrefillChunk:
 
 @dataclass
 class PrefillBatch:
-    """Every prefill chunk of a step packed for one varlen kernel launch (the Triton path).
+    """Every prefill chunk of a step packed for one kernel call (Triton's varlen launch; on
+    CPU ``tide::prefill_attention_varlen``, which packs a prefix the chunks share once).
 
     Chunk p's query rows are ``first_row + query_start[p] .. first_row + query_start[p+1]``
     of the flattened batch, at positions ``start_pos[p] ..``; its K/V (its own included:
@@ -50,7 +51,7 @@ class AttentionMetadata:
     block_size: int
     decode_groups: list[DecodeGroup] = field(default_factory=list)
     prefills: list[PrefillChunk] = field(default_factory=list)
-    prefill_batch: PrefillBatch | None = None  # the same chunks, packed (Triton only)
+    prefill_batch: PrefillBatch | None = None  # the same chunks, packed (Triton, native CPU)
 
     def tensors(self) -> dict[str, torch.Tensor]:
         """Every tensor, by a readable name (device checks)."""

@@ -6,6 +6,13 @@
 //       of one sequence; its K/V are already in the cache (the step writes them first) and
 //       are read through block_table. Query i sees keys 0 ..= start_pos + i. Returns
 //       [L, H, D] bf16.
+//   tide::prefill_attention_varlen(q, k_cache, v_cache, query_start, start_pos, block_tables,
+//                                  first_row, scale, out)
+//       every prefill chunk of a step in one call, written into out in place: chunk p's
+//       rows are first_row + query_start[p] .. first_row + query_start[p + 1] of q (int32
+//       [P + 1]), at positions start_pos[p] .. (int32 [P]), read through block_tables[p]
+//       (int64 [P, width]). A block of 64 keys that several chunks read whole through the
+//       same cache rows (a shared system prompt) is packed once for all of them.
 //   tide::prefill_attention_supported() -> bool: a pass runs here (also gates
 //       tide::decode_shared_prefix, cpu_shared_decode.cpp).
 //   tide::attention_pass_isa() -> str: "amx", "avx512_bf16" or "".
@@ -17,7 +24,10 @@
 
 #include <torch/library.h>
 
+#include <array>
+#include <map>
 #include <string>
+#include <vector>
 
 #include "attention_passes.h"
 
@@ -75,9 +85,84 @@ at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& k_cache, con
   return out;
 }
 
+// One call for every chunk of a step (see the top). Identical whole key blocks (the same
+// cache rows in the same order) share a packed slot.
+void prefill_attention_varlen(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                              const at::Tensor& query_start, const at::Tensor& start_pos,
+                              const at::Tensor& block_tables, int64_t first_row, double scale, at::Tensor& out) {
+  TORCH_CHECK(prefill_attention_supported(),
+              "prefill_attention_varlen: this build or CPU has neither AMX nor AVX-512 BF16");
+  check_inputs("prefill_attention_varlen", q, k_cache, v_cache);
+  TORCH_CHECK(out.sizes() == q.sizes() && out.scalar_type() == at::kBFloat16 && out.stride(2) == 1,
+              "prefill_attention_varlen: out must be bf16 shaped like q with unit last stride");
+  TORCH_CHECK(query_start.scalar_type() == at::kInt && query_start.is_contiguous() && query_start.dim() == 1 &&
+                  start_pos.scalar_type() == at::kInt && start_pos.is_contiguous() &&
+                  start_pos.numel() + 1 == query_start.numel(),
+              "prefill_attention_varlen: query_start int32 [P + 1], start_pos int32 [P]");
+  const int64_t P = start_pos.numel(), BS = k_cache.size(2);
+  TORCH_CHECK(block_tables.scalar_type() == at::kLong && block_tables.is_contiguous() && block_tables.dim() == 2 &&
+                  block_tables.size(0) == P,
+              "prefill_attention_varlen: block_tables int64 [P, width], contiguous");
+  const int32_t* qs = query_start.data_ptr<int32_t>();
+  const int32_t* sp = start_pos.data_ptr<int32_t>();
+  const int64_t width = block_tables.size(1);
+  const int64_t* tables = block_tables.data_ptr<int64_t>();
+  TORCH_CHECK(qs[0] == 0 && first_row >= 0 && first_row + qs[P] <= q.size(0),
+              "prefill_attention_varlen: rows first_row + query_start run past q's ", q.size(0), " rows");
+  for (int64_t c = 0; c < P; ++c)
+    TORCH_CHECK(qs[c + 1] >= qs[c] && sp[c] >= 0 && (sp[c] + qs[c + 1] - qs[c]) <= width * BS,
+                "prefill_attention_varlen: chunk ", c, " needs ", sp[c] + qs[c + 1] - qs[c], " keys, its table holds ",
+                width * BS);
+#if defined(TIDE_BF16_PAIRS)
+  // Slots: one per distinct whole key block (by the cache rows it reads), one per partial one.
+  const int64_t run = std::min<int64_t>(BS, kKeys);  // keys per contiguous run of cache rows
+  std::map<std::vector<int64_t>, int64_t> seen;
+  std::vector<std::vector<int64_t>> slot_of(P);
+  std::vector<std::array<int64_t, 3>> todo;  // (chunk, key block, slot)
+  for (int64_t c = 0; c < P; ++c) {
+    const int64_t ctx = sp[c] + qs[c + 1] - qs[c];
+    const int64_t* table = tables + c * width;
+    for (int64_t kb = 0; kb * kKeys < ctx; ++kb) {
+      int64_t slot = static_cast<int64_t>(todo.size());
+      if ((kb + 1) * kKeys <= ctx) {
+        std::vector<int64_t> rows;
+        for (int64_t t = kb * kKeys; t < (kb + 1) * kKeys; t += run) rows.push_back(table[t / BS] * BS + t % BS);
+        auto [it, fresh] = seen.emplace(std::move(rows), slot);
+        if (!fresh) {
+          slot_of[c].push_back(it->second);
+          continue;
+        }
+      }
+      slot_of[c].push_back(slot);
+      todo.push_back({c, kb, slot});
+    }
+  }
+  const int64_t KVH = k_cache.size(0), slots = static_cast<int64_t>(todo.size());
+  if (slots == 0) return;
+  Packed kv = packed_room(k_cache, slots);
+  at::parallel_for(0, KVH * slots, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t item = begin; item < end; ++item) {
+      const auto& [c, kb, slot] = todo[item % slots];
+      pack_block(kv, k_cache, v_cache, tables + c * width, sp[c] + qs[c + 1] - qs[c], item / slots, kb, slot);
+    }
+  });
+  const float fscale = static_cast<float>(scale);
+  for (int64_t c = 0; c < P; ++c) {
+    const int64_t len = qs[c + 1] - qs[c];
+    if (len == 0) continue;
+    kv.slot = slot_of[c].data();
+    const at::Tensor qc = q.narrow(0, first_row + qs[c], len);
+    at::Tensor oc = out.narrow(0, first_row + qs[c], len);
+    with_pass(q.size(2), [&](auto pass) { attend_chunk<decltype(pass)>(qc, kv, KVH, sp[c], fscale, oc); });
+  }
+#endif
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(tide, m) {
+  m.def("prefill_attention_varlen(Tensor q, Tensor k_cache, Tensor v_cache, Tensor query_start, Tensor start_pos, "
+        "Tensor block_tables, int first_row, float scale, Tensor(a!) out) -> ()");
   m.def("prefill_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, int start_pos, "
         "float scale) -> Tensor");
   m.def("prefill_attention_supported() -> bool", &prefill_attention_supported);
@@ -85,4 +170,7 @@ TORCH_LIBRARY_FRAGMENT(tide, m) {
   m.def("attention_pass_prefer_vector(bool enabled) -> ()", &attention_pass_prefer_vector);
 }
 
-TORCH_LIBRARY_IMPL(tide, CPU, m) { m.impl("prefill_attention", &prefill_attention); }
+TORCH_LIBRARY_IMPL(tide, CPU, m) {
+  m.impl("prefill_attention", &prefill_attention);
+  m.impl("prefill_attention_varlen", &prefill_attention_varlen);
+}

@@ -63,13 +63,17 @@ struct Scratch {
 struct Packed {
   at::BFloat16* kt = nullptr;
   at::BFloat16* vv = nullptr;
-  int64_t blocks = 0, dk = 0, dv = 0;  // key blocks, 32-dim chunks of K, 16-dim slices of V
-  const at::BFloat16* k_tile(int64_t h, int64_t kb, int64_t sub, int64_t c) const {
-    return kt + (((h * blocks + kb) * 4 + sub) * dk + c) * kTile;
+  int64_t blocks = 0, dk = 0, dv = 0;  // packed key blocks (slots), 32-dim chunks of K, 16-dim slices of V
+  const int64_t* slot = nullptr;       // key block -> packed slot (nullptr: the same index)
+  int64_t at(int64_t kb) const { return slot ? slot[kb] : kb; }
+  const at::BFloat16* k_slot(int64_t h, int64_t s, int64_t sub, int64_t c) const {
+    return kt + (((h * blocks + s) * 4 + sub) * dk + c) * kTile;
   }
-  const at::BFloat16* v_tile(int64_t h, int64_t kb, int64_t half, int64_t c) const {
-    return vv + (((h * blocks + kb) * 2 + half) * dv + c) * kTile;
+  const at::BFloat16* v_slot(int64_t h, int64_t s, int64_t half, int64_t c) const {
+    return vv + (((h * blocks + s) * 2 + half) * dv + c) * kTile;
   }
+  const at::BFloat16* k_tile(int64_t h, int64_t kb, int64_t sub, int64_t c) const { return k_slot(h, at(kb), sub, c); }
+  const at::BFloat16* v_tile(int64_t h, int64_t kb, int64_t half, int64_t c) const { return v_slot(h, at(kb), half, c); }
 };
 
 // Transposes 16 x 16 32-bit lanes in place: w[i] lane j <- w[j] lane i.
@@ -98,54 +102,67 @@ inline void transpose16x16(__m512i* w) {
 
 // K^T tile (keys n of a 16-key sub-block, dims 32c..32c+31): element [kk][n][j] = K[n][32c+2kk+j].
 // V tile (keys of a 32-key half, dims 16c..16c+15): element [kk][n][j] = V[2kk+j][16c+n].
-// Keys past the context are zeros.
-inline Packed pack_kv(const at::Tensor& k_cache, const at::Tensor& v_cache, const int64_t* table, int64_t ctx) {
-  const int64_t KVH = k_cache.size(0), NB = k_cache.size(1), BS = k_cache.size(2), D = k_cache.size(3);
+// Keys past the context are zeros. Packs key block kb of the sequence read through `table`
+// (context ctx), kv head h, into slot `slot` of p.
+inline void pack_block(const Packed& p, const at::Tensor& k_cache, const at::Tensor& v_cache, const int64_t* table,
+                       int64_t ctx, int64_t h, int64_t kb, int64_t slot) {
+  const int64_t NB = k_cache.size(1), BS = k_cache.size(2), D = k_cache.size(3);
+  const auto* kc = k_cache.data_ptr<at::BFloat16>();
+  const auto* vc = v_cache.data_ptr<at::BFloat16>();
+  const at::BFloat16* krow[kKeys];
+  const at::BFloat16* vrow[kKeys];
+  for (int64_t n = 0; n < kKeys; ++n) {
+    const int64_t t = kb * kKeys + n;
+    const int64_t off = t < ctx ? ((h * NB + table[t / BS]) * BS + t % BS) * D : -1;
+    krow[n] = off < 0 ? nullptr : kc + off;
+    vrow[n] = off < 0 ? nullptr : vc + off;
+  }
+  for (int64_t sub = 0; sub < 4; ++sub)
+    for (int64_t c = 0; c < p.dk; ++c) {
+      __m512i w[16];
+      for (int n = 0; n < 16; ++n) {
+        const at::BFloat16* src = krow[sub * 16 + n];
+        w[n] = src ? _mm512_loadu_si512(src + 32 * c) : _mm512_setzero_si512();
+      }
+      transpose16x16(w);
+      auto* dst = const_cast<at::BFloat16*>(p.k_slot(h, slot, sub, c));
+      for (int kk = 0; kk < 16; ++kk) _mm512_storeu_si512(dst + 32 * kk, w[kk]);
+    }
+  for (int64_t half = 0; half < 2; ++half)
+    for (int64_t c = 0; c < p.dv; ++c) {
+      auto* dst = const_cast<at::BFloat16*>(p.v_slot(h, slot, half, c));
+      for (int kk = 0; kk < 16; ++kk) {
+        const at::BFloat16* even = vrow[half * 32 + 2 * kk];
+        const at::BFloat16* odd = vrow[half * 32 + 2 * kk + 1];
+        const __m512i lo = even ? _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(even + 16 * c)))
+                                : _mm512_setzero_si512();
+        const __m512i hi = odd ? _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(odd + 16 * c)))
+                               : _mm512_setzero_si512();
+        _mm512_storeu_si512(dst + 32 * kk, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+      }
+    }
+}
+
+// Room for `slots` packed key blocks of every kv head, in buffers kept per calling thread.
+inline Packed packed_room(const at::Tensor& k_cache, int64_t slots) {
+  const int64_t KVH = k_cache.size(0), D = k_cache.size(3);
   Packed p;
-  p.blocks = (ctx + kKeys - 1) / kKeys;
+  p.blocks = slots;
   p.dk = D / 32;
   p.dv = D / 16;
   static thread_local Scratch k_scratch, v_scratch;
-  p.kt = k_scratch.get(KVH * p.blocks * kKeys * D);
-  p.vv = v_scratch.get(KVH * p.blocks * kKeys * D);
-  const auto* kc = k_cache.data_ptr<at::BFloat16>();
-  const auto* vc = v_cache.data_ptr<at::BFloat16>();
+  p.kt = k_scratch.get(KVH * slots * kKeys * D);
+  p.vv = v_scratch.get(KVH * slots * kKeys * D);
+  return p;
+}
+
+// Every key block of one sequence's first ctx keys, slot = block.
+inline Packed pack_kv(const at::Tensor& k_cache, const at::Tensor& v_cache, const int64_t* table, int64_t ctx) {
+  const int64_t KVH = k_cache.size(0);
+  Packed p = packed_room(k_cache, (ctx + kKeys - 1) / kKeys);
   at::parallel_for(0, KVH * p.blocks, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t item = begin; item < end; ++item) {
-      const int64_t h = item / p.blocks, kb = item % p.blocks;
-      const at::BFloat16* krow[kKeys];
-      const at::BFloat16* vrow[kKeys];
-      for (int64_t n = 0; n < kKeys; ++n) {
-        const int64_t t = kb * kKeys + n;
-        const int64_t off = t < ctx ? ((h * NB + table[t / BS]) * BS + t % BS) * D : -1;
-        krow[n] = off < 0 ? nullptr : kc + off;
-        vrow[n] = off < 0 ? nullptr : vc + off;
-      }
-      for (int64_t sub = 0; sub < 4; ++sub)
-        for (int64_t c = 0; c < p.dk; ++c) {
-          __m512i w[16];
-          for (int n = 0; n < 16; ++n) {
-            const at::BFloat16* src = krow[sub * 16 + n];
-            w[n] = src ? _mm512_loadu_si512(src + 32 * c) : _mm512_setzero_si512();
-          }
-          transpose16x16(w);
-          auto* dst = const_cast<at::BFloat16*>(p.k_tile(h, kb, sub, c));
-          for (int kk = 0; kk < 16; ++kk) _mm512_storeu_si512(dst + 32 * kk, w[kk]);
-        }
-      for (int64_t half = 0; half < 2; ++half)
-        for (int64_t c = 0; c < p.dv; ++c) {
-          auto* dst = const_cast<at::BFloat16*>(p.v_tile(h, kb, half, c));
-          for (int kk = 0; kk < 16; ++kk) {
-            const at::BFloat16* even = vrow[half * 32 + 2 * kk];
-            const at::BFloat16* odd = vrow[half * 32 + 2 * kk + 1];
-            const __m512i lo = even ? _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(even + 16 * c)))
-                                    : _mm512_setzero_si512();
-            const __m512i hi = odd ? _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(odd + 16 * c)))
-                                   : _mm512_setzero_si512();
-            _mm512_storeu_si512(dst + 32 * kk, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
-          }
-        }
-    }
+    for (int64_t item = begin; item < end; ++item)
+      pack_block(p, k_cache, v_cache, table, ctx, item / p.blocks, item % p.blocks, item % p.blocks);
   });
   return p;
 }

@@ -18,7 +18,11 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.attention import decode_reads_rows_in_place, set_attention_backend
+from kernels.attention import (
+    decode_reads_rows_in_place,
+    native_prefill,
+    set_attention_backend,
+)
 from kernels.launch import check_devices
 from kernels.linear import SPLIT_ROWS
 from worker.engine.config import EngineConfig
@@ -80,6 +84,12 @@ class ModelRunner:
         )
         # Kernels that read each row's own length take every decode row in one launch.
         self.one_decode_group = triton or decode_reads_rows_in_place(self.device, model.dtype)
+        # Every prefill chunk of a step in one call: Triton's varlen launch, or the native
+        # CPU kernel (which packs a prefix the chunks share once for all of them).
+        varlen = triton or (
+            decode_reads_rows_in_place(self.device, model.dtype)
+            and native_prefill(model.dtype, cfg.head_dim)
+        )
         if triton and (self.block_size < 16 or model.config.head_dim < 16):
             raise ValueError(
                 f"the Triton attention kernels need block_size >= 16 and head_dim >= 16, "
@@ -89,7 +99,7 @@ class ModelRunner:
         largest = max(config.max_num_batched_tokens, config.max_num_seqs)
         self.builder = StepBuilder(
             largest, config.max_num_seqs, -(-max(max_model_len, largest) // self.block_size) + 1,
-            self.block_size, self.device, split_decodes=not self.one_decode_group, varlen=triton,
+            self.block_size, self.device, split_decodes=not self.one_decode_group, varlen=varlen,
         )  # fmt: skip
         self.graph_mode = graph_mode(config.cuda_graphs, self.device, self.one_decode_group)
         self.num_blocks = self._plan_num_blocks(max_model_len)

@@ -90,7 +90,8 @@ class StepBuilder:
 
     split_decodes: group decode rows by length (the torch reference pads each group to its
     longest row); kernels that read each row's own length take them all in one group.
-    varlen: also pack the prefill chunks for one kernel launch (``PrefillBatch``, Triton).
+    varlen: also pack the prefill chunks for one kernel call (``PrefillBatch``: Triton, and
+    the native CPU kernel).
     """
 
     mirror_on_cpu = False  # tests: separate "device" buffers on CPU, so copies are exercised
