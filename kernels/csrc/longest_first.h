@@ -3,11 +3,11 @@
 //
 // at::parallel_for hands each thread one contiguous range of equal length. A decode step's
 // rows are anything but equal: a few long-context requests beside many short ones, and the
-// oldest (longest) rows come first, so one thread got the long half and the other waited:
-// 16 rows of 1,200 keys then 48 of 80 took 1.5x the same rows shuffled (python
-// scripts/bench_cpu_attention.py, last line; now 0.99x), and the mixed bench gained 9-13%
-// (scripts/bench_peers.py --workloads mixed --peers tide). Longest first with a shared
-// counter ends within about one task of even.
+// step builder sorts them by context length, so one thread got the long rows and the other
+// waited: 48 rows of 80 keys then 16 of 1,200 took 1.42x the same rows shuffled
+// (python scripts/bench_cpu_attention.py, last line; now 1.00x), and the mixed bench
+// gained 9-13% (scripts/bench_peers.py --workloads mixed --peers tide). Longest first with
+// a shared counter ends within about one task of even.
 #pragma once
 
 #include <ATen/Parallel.h>
