@@ -98,3 +98,49 @@ def test_choose_row_split_keeps_pieces_only_where_they_are_faster(monkeypatch, c
     assert linear.choose_row_split(layers, 1000) == expected
     assert [lin.split_rows for lin in layers] == [expected] * 3
     assert linear.choose_row_split(layers, linear.SPLIT_ROWS) == 0, "nothing to split"
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_steps_padded_once_in_the_model_equal_projections_padded_each(tiny_path, dtype):
+    """LlamaModel pads a step's rows to the packed matmul's bucket once (token 0 at position
+    0, never attended) instead of each projection padding its input: the logits and tokens
+    are bit for bit those of the per-projection padding."""
+    from tests.conftest import make_engine
+    from worker.engine import SamplingParams
+
+    def run(pad_once: bool):
+        engine = make_engine(tiny_path, dtype=dtype, num_kv_blocks=64)
+        model = engine.runner.model
+        if not model.layers[0].qkv.packed:
+            pytest.skip("oneDNN's packed matmul is not available here")
+        if not pad_once:
+            model._padded_rows = lambda n: n
+        qkv, seen = model.layers[0].qkv, []
+        packed = qkv._packed
+
+        def recording_packed(x):
+            seen.append(x.shape[0])
+            return packed(x)
+
+        qkv._packed = recording_packed
+        logits = []
+        original = model.forward
+
+        def recording_forward(*args):
+            logits.append(original(*args))
+            return logits[-1]
+
+        model.forward = recording_forward
+        prompts = [[1, *range(40, 40 + n)] for n in (3, 10, 21, 5, 30)]
+        params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+        tokens = [o.token_ids for o in engine.generate(prompts, params)]
+        # Padded once, every call of the packed matmul already has a bucket's row count.
+        assert all(packed_rows(r) == r for r in seen) == pad_once, seen
+        return tokens, logits
+
+    tokens_once, logits_once = run(pad_once=True)
+    tokens_each, logits_each = run(pad_once=False)
+    assert tokens_once == tokens_each
+    assert len(logits_once) == len(logits_each) > 3
+    for a, b in zip(logits_once, logits_each, strict=True):
+        assert torch.equal(a, b)

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from kernels import AttentionMetadata, paged_attention, write_kv_cache
 from kernels import cpu as cpu_kernels
 from kernels.attention import decode_reads_rows_in_place
-from kernels.linear import Linear, choose_row_split
+from kernels.linear import Linear, choose_row_split, packed_rows
 from worker.models.config import ModelConfig
 from worker.models.rope import RotaryEmbedding, apply_rotary
 
@@ -154,6 +154,13 @@ class LlamaModel:
             return self.lm_head(ops.rms_norm(hidden[logits_indices], self.norm, eps)).float()
         rot_heads = cfg.num_heads + cfg.num_kv_heads
         q_end, k_end = self.q_size, self.q_size + self.kv_size
+        # The packed matmuls run at fixed row counts (kernels/linear.py): pad the step's
+        # rows once here (token 0 at position 0; attention never sees them) rather than
+        # each projection's input in every layer.
+        rows = self._padded_rows(n)
+        if rows > n:
+            input_ids = F.pad(input_ids, (0, rows - n))
+            positions = F.pad(positions, (0, rows - n))
         hidden = F.embedding(input_ids, self.embed)
         delta: torch.Tensor | None = None
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
@@ -163,17 +170,28 @@ class LlamaModel:
                 x = ops.add_rms_norm_(hidden, delta, layer.input_norm, eps)
             qkv = layer.qkv(x)
             ops.rotary_(qkv, positions, self.rope.cos, self.rope.sin, rot_heads, hd)
-            q = qkv[:, :q_end].view(n, cfg.num_heads, hd)
-            k = qkv[:, q_end:k_end].view(n, cfg.num_kv_heads, hd)
-            v = qkv[:, k_end:].view(n, cfg.num_kv_heads, hd)
+            q = qkv[:n, :q_end].view(n, cfg.num_heads, hd)
+            k = qkv[:n, q_end:k_end].view(n, cfg.num_kv_heads, hd)
+            v = qkv[:n, k_end:].view(n, cfg.num_kv_heads, hd)
             write_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping)
             attn = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale)
-            attn_out = layer.o(attn.reshape(n, self.q_size))
+            attn_in = attn.reshape(n, self.q_size)
+            if rows > n:
+                attn_in = torch.cat([attn_in, attn_in.new_zeros(rows - n, self.q_size)])
+            attn_out = layer.o(attn_in)
             x = ops.add_rms_norm_(hidden, attn_out, layer.post_norm, eps)
             delta = layer.down(ops.silu_mul(layer.gate_up(x)))
         if delta is not None:
             hidden.add_(delta)
         return self.lm_head(ops.rms_norm(hidden[logits_indices], self.norm, eps)).float()
+
+    def _padded_rows(self, n: int) -> int:
+        """The row count a step of n rows runs its layers at: the packed matmul's bucket
+        where the projections take that path (more than their GEMV's rows), else n."""
+        first = self.layers[0].qkv
+        if not first.packed or n <= first.gemv_rows:
+            return n
+        return packed_rows(n)
 
 
 def _all_one_group_decode(meta: AttentionMetadata, n: int) -> bool:
