@@ -144,14 +144,18 @@ class Linear:
 
 def choose_row_split(linears: Sequence[Linear], max_rows: int, repeats: int = 2) -> int:
     """For projections of one shape (one per layer), time a pass over all of them at the
-    largest row bucket in one call each against the same rows in SPLIT_ROWS pieces (the
-    weights streamed from memory as a step streams them; one layer's alone stay in cache
-    and hid gate|up's cliff); keep the pieces where they win by SPLIT_MARGIN. Sets and
-    returns split_rows (0: whole calls). warm_up must have built the buckets."""
+    largest row bucket in one call each against the same rows in SPLIT_ROWS pieces (every
+    layer's weights, streamed from memory as a step streams them, not one layer's from
+    cache); keep the pieces where they win by SPLIT_MARGIN. Sets and returns split_rows
+    (0: whole calls). warm_up must have built the buckets. bf16 only, where the cliff was
+    measured: float32 matmuls are 2-4x slower, so timing them would add seconds to a
+    worker's start for a gain no one has seen."""
     top = packed_rows(max_rows)
     for lin in linears:
         lin.split_rows = 0
     if not linears or not linears[0].packed or top <= SPLIT_ROWS:
+        return 0
+    if linears[0].dtype != torch.bfloat16:
         return 0
     x = torch.randn(top, linears[0].in_features).to(linears[0].dtype)
 

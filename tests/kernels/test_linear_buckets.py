@@ -94,10 +94,12 @@ def test_choose_row_split_keeps_pieces_only_where_they_are_faster(monkeypatch, c
 
     monkeypatch.setattr(Linear, "_onednn", fake_onednn)
     monkeypatch.setattr(linear, "_packed_linear_works", lambda dtype=None: True)
-    layers = [Linear(torch.zeros(16, 32)) for _ in range(3)]
+    layers = [Linear(torch.zeros(16, 32, dtype=torch.bfloat16)) for _ in range(3)]
     assert linear.choose_row_split(layers, 1000) == expected
     assert [lin.split_rows for lin in layers] == [expected] * 3
     assert linear.choose_row_split(layers, linear.SPLIT_ROWS) == 0, "nothing to split"
+    fp32 = [Linear(torch.zeros(16, 32)) for _ in range(3)]
+    assert linear.choose_row_split(fp32, 1000) == 0, "float32 is not timed"
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
