@@ -66,6 +66,29 @@ def make_engine(path: Path | str, dtype: str = "float32", **config):
     return LLMEngine.from_pretrained(str(path), dtype=dtype, device="cpu", **config)
 
 
+def record_logits(model) -> list:  # type: ignore[no-untyped-def]
+    """Wrap model.forward so every step's logits are kept, in order; returns that list."""
+    logits: list = []
+    original = model.forward
+
+    def recording_forward(*args):  # type: ignore[no-untyped-def]
+        logits.append(original(*args))
+        return logits[-1]
+
+    model.forward = recording_forward
+    return logits
+
+
+def assert_same_run(a: tuple, b: tuple, min_steps: int) -> None:
+    """Two (tokens, step logits) runs agree bit for bit over more than min_steps steps."""
+    import torch
+
+    assert a[0] == b[0]
+    assert len(a[1]) == len(b[1]) > min_steps
+    for x, y in zip(a[1], b[1], strict=True):
+        assert torch.equal(x, y)
+
+
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedRedis]:
     server = EmbeddedRedis(Path(tmp_path_factory.mktemp("redis"))).start()

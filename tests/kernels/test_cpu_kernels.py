@@ -203,7 +203,7 @@ class RecordingOps:
 @needs_gemv
 def test_one_call_decode_step_equals_the_op_by_op_loop(tiny_path):
     """tide::decode_layers runs the same kernels as LlamaModel._forward_native's loop."""
-    from tests.conftest import make_engine
+    from tests.conftest import assert_same_run, make_engine, record_logits
     from worker.engine import SamplingParams
 
     def run(one_call: bool):
@@ -213,26 +213,13 @@ def test_one_call_decode_step_equals_the_op_by_op_loop(tiny_path):
         if not one_call:
             model.decode_rows = 0
         model.native = counting = RecordingOps()
-        calls = []
-        original = model.forward
-
-        def recording_forward(*args):
-            logits = original(*args)
-            calls.append(logits)
-            return logits
-
-        model.forward = recording_forward
+        calls = record_logits(model)
         params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
         out = engine.generate([[1, 40, 41, 42], [1, 7, 8]], params)
         assert ("decode_layers" in counting.called) == one_call
         return [o.token_ids for o in out], calls
 
-    tokens_fast, logits_fast = run(one_call=True)
-    tokens_loop, logits_loop = run(one_call=False)
-    assert tokens_fast == tokens_loop
-    assert len(logits_fast) == len(logits_loop) > 10
-    for a, b in zip(logits_fast, logits_loop, strict=True):
-        assert torch.equal(a, b)
+    assert_same_run(run(one_call=True), run(one_call=False), min_steps=10)
 
 
 @needs_gemv
