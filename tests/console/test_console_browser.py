@@ -169,17 +169,38 @@ def test_queued_job_completes_while_its_pool_scales_0_1_0(console, console_fleet
     assert console.errors() == []
 
 
+def _first_running(api, jobs: list[str]) -> tuple[str, str | None] | None:
+    """("running", id) for the first job in progress, ("ended", None) once all have ended
+    (they ran between two looks), None while some are still queued."""
+    statuses = {j: api.get(f"/v1/jobs/{j}").json()["status"] for j in jobs}
+    running = next((j for j, s in statuses.items() if s == "in_progress"), None)
+    if running is not None:
+        return "running", running
+    if all(s not in ("queued", "in_progress") for s in statuses.values()):
+        return "ended", None
+    return None
+
+
 def test_cancel_a_running_job(console, console_fleet):
     console.sign_in("key-a")
     body = {"prompt": "Once upon a time", "max_tokens": 280, "ignore_eos": True}
     with console_fleet.client("key-a") as api:
-        jobs = [api.post("/v1/jobs", json=body).json()["id"] for _ in range(8)]
+        submitted: list[str] = []
         try:
             cancelled = None
-            for _ in range(4):  # a job may end before the click lands: take the next one
-                running = console.wait(
-                    lambda: next((j for j in jobs if api.get(f"/v1/jobs/{j}").json()["status"]
-                                  == "in_progress"), None), "a running job")  # fmt: skip
+            for _ in range(4):  # a round can end between two looks or before the click lands
+                jobs = [api.post("/v1/jobs", json=body).json()["id"] for _ in range(8)]
+                submitted += jobs
+                try:
+                    state, running = console.wait(lambda js=jobs: _first_running(api, js),
+                                                  "a running job", 60)  # fmt: skip
+                except AssertionError as stalled:
+                    statuses = [api.get(f"/v1/jobs/{j}").json()["status"] for j in jobs]
+                    with console_fleet.client("key-op") as op:
+                        fleet = op.get("/console/api/fleet").json()["totals"]
+                    raise AssertionError(f"{stalled}; jobs {statuses}; fleet {fleet}") from None
+                if state == "ended":
+                    continue
                 console.go(f"jobs/{running}")
                 button = console.wait(lambda: console.visible("#cancel-job:enabled"), "cancel")
                 button.click()
@@ -194,7 +215,7 @@ def test_cancel_a_running_job(console, console_fleet):
             assert cancelled["usage"]["completion_tokens"] < 280
             console.screenshot("job-cancelled")
         finally:
-            for j in jobs:
+            for j in submitted:
                 api.delete(f"/v1/jobs/{j}")
     assert console.errors() == []
 
