@@ -147,8 +147,7 @@ def _cpp_decode(
     system prompt), its keys are read once for all rows, 16 to a task
     (``tide::decode_shared_prefix``); otherwise one task per row and KV head."""
     ops = cpu_kernels.ops()
-    pairs = native_prefill(query.dtype, query.shape[2])
-    shared = shared_prefix_tokens(group, k_cache.shape[2]) if pairs else 0
+    shared = cpp_decode_shared_tokens(query.dtype, query.shape[2], group, k_cache.shape[2])
     if shared:
         return ops.decode_shared_prefix(
             query, k_cache, v_cache, group.block_tables, group.context_lens, shared, scale
@@ -156,6 +155,14 @@ def _cpp_decode(
     return ops.paged_decode_attention(
         query, k_cache, v_cache, group.block_tables, group.context_lens, scale
     )
+
+
+def cpp_decode_shared_tokens(
+    dtype: torch.dtype, head_dim: int, group: DecodeGroup, block_size: int
+) -> int:
+    """The leading tokens the native decode attends once for all of the group's rows
+    (``tide::decode_shared_prefix``); 0: one task per row and KV head."""
+    return shared_prefix_tokens(group, block_size) if native_prefill(dtype, head_dim) else 0
 
 
 def shared_prefix_tokens(group: DecodeGroup, block_size: int) -> int:

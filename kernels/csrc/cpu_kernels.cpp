@@ -31,6 +31,7 @@
 #include <immintrin.h>
 #endif
 #include "decode_avx2.h"
+#include "cpu_ops.h"
 #include "longest_first.h"
 
 namespace {
@@ -688,51 +689,32 @@ at::Tensor gemv_bf16(const at::Tensor& x, const at::Tensor& packed, const c10::o
 
 int64_t gemv_max_rows() { return gemv_supported() ? kMaxGemvRows : 0; }
 
-// ---------------------------------------------------------------- whole decode step
-
-// Every decoder layer for a step of one or two decode rows, in one call: the same
-// kernels the Python loop calls op by op, minus ~15 Python dispatches per layer (about
-// a sixth of a batch-1 step). `layers` holds 6 tensors per layer: input_norm,
-// qkv (packed), o (packed), post_norm, gate_up (packed), down (packed); `qkv_bias` is
-// empty or one tensor per layer. Updates the KV caches; returns the final residual
-// stream (before the model's last norm).
-at::Tensor decode_layers(const at::Tensor& hidden_in, const at::Tensor& positions, at::TensorList layers,
-                         at::TensorList qkv_bias, at::TensorList k_caches, at::TensorList v_caches,
-                         const at::Tensor& slot_mapping, const at::Tensor& block_tables,
-                         const at::Tensor& context_lens, const at::Tensor& cos, const at::Tensor& sin,
-                         int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t intermediate,
-                         double eps, double scale) {
-  const int64_t num_layers = static_cast<int64_t>(k_caches.size());
-  TORCH_CHECK(static_cast<int64_t>(layers.size()) == 6 * num_layers && v_caches.size() == k_caches.size(),
-              "decode_layers: expected 6 weights and one K/V cache pair per layer");
-  TORCH_CHECK(qkv_bias.empty() || static_cast<int64_t>(qkv_bias.size()) == num_layers,
-              "decode_layers: qkv_bias must be empty or one per layer");
-  const int64_t n = hidden_in.size(0), q_size = num_heads * head_dim, kv_size = num_kv_heads * head_dim;
-  const int64_t hidden_size = hidden_in.size(1);
-  at::Tensor hidden = hidden_in.clone();
-  at::Tensor delta;
-  for (int64_t l = 0; l < num_layers; ++l) {
-    const at::Tensor* w = layers.data() + 6 * l;
-    at::Tensor x = delta.defined() ? add_rms_norm_(hidden, delta, w[0], eps) : rms_norm(hidden, w[0], eps);
-    c10::optional<at::Tensor> bias;
-    if (!qkv_bias.empty()) bias = qkv_bias[l];
-    at::Tensor qkv = gemv_bf16(x, w[1], bias, q_size + 2 * kv_size);
-    rotary_(qkv, positions, cos, sin, num_heads + num_kv_heads, head_dim);
-    const at::Tensor q = qkv.narrow(1, 0, q_size).view({n, num_heads, head_dim});
-    const at::Tensor k = qkv.narrow(1, q_size, kv_size).view({n, num_kv_heads, head_dim});
-    const at::Tensor v = qkv.narrow(1, q_size + kv_size, kv_size).view({n, num_kv_heads, head_dim});
-    at::Tensor kc = k_caches[l], vc = v_caches[l];
-    write_kv_cache(k, v, kc, vc, slot_mapping);
-    const at::Tensor attn = paged_decode_attention(q, kc, vc, block_tables, context_lens, scale);
-    x = add_rms_norm_(hidden, gemv_bf16(attn.view({n, q_size}), w[2], c10::nullopt, hidden_size), w[3], eps);
-    at::Tensor gate_up = gemv_bf16(x, w[4], c10::nullopt, 2 * intermediate);
-    delta = gemv_bf16(silu_mul(gate_up), w[5], c10::nullopt, hidden_size);
-  }
-  if (delta.defined()) hidden.add_(delta);
-  return hidden;
-}
-
 }  // namespace
+
+// The same kernels for cpu_decode_step.cpp (cpu_ops.h).
+namespace tide_ops {
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) { return ::rms_norm(x, w, eps); }
+at::Tensor add_rms_norm_(at::Tensor& hidden, const at::Tensor& delta, const at::Tensor& w, double eps) {
+  return ::add_rms_norm_(hidden, delta, w, eps);
+}
+at::Tensor silu_mul(const at::Tensor& gate_up) { return ::silu_mul(gate_up); }
+void rotary_(at::Tensor& x, const at::Tensor& positions, const at::Tensor& cos, const at::Tensor& sin,
+             int64_t heads, int64_t head_dim) {
+  ::rotary_(x, positions, cos, sin, heads, head_dim);
+}
+void write_kv_cache(const at::Tensor& key, const at::Tensor& value, at::Tensor& k_cache, at::Tensor& v_cache,
+                    const at::Tensor& slot_mapping) {
+  ::write_kv_cache(key, value, k_cache, v_cache, slot_mapping);
+}
+at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                                  const at::Tensor& block_tables, const at::Tensor& context_lens, double scale) {
+  return ::paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale);
+}
+at::Tensor gemv_bf16(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias,
+                     int64_t N) {
+  return ::gemv_bf16(x, packed, bias, N);
+}
+}  // namespace tide_ops
 
 TORCH_LIBRARY(tide, m) {
   m.def("paged_decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
@@ -746,9 +728,6 @@ TORCH_LIBRARY(tide, m) {
   m.def("gemv_bf16(Tensor x, Tensor packed, Tensor? bias, int N) -> Tensor");
   m.def("gemv_max_rows() -> int", &gemv_max_rows);
   m.def("decode_attention_isa() -> str", &decode_attention_isa);
-  m.def("decode_layers(Tensor hidden, Tensor positions, Tensor[] layers, Tensor[] qkv_bias, Tensor[] k_caches, "
-        "Tensor[] v_caches, Tensor slot_mapping, Tensor block_tables, Tensor context_lens, Tensor cos, Tensor sin, "
-        "int num_heads, int num_kv_heads, int head_dim, int intermediate, float eps, float scale) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(tide, CPU, m) {
@@ -760,5 +739,4 @@ TORCH_LIBRARY_IMPL(tide, CPU, m) {
   m.impl("silu_mul", &silu_mul);
   m.impl("rotary_", &rotary_);
   m.impl("gemv_bf16", &gemv_bf16);
-  m.impl("decode_layers", &decode_layers);
 }

@@ -13,6 +13,7 @@
 #include <torch/library.h>
 
 #include "attention_passes.h"
+#include "cpu_ops.h"
 
 namespace {
 
@@ -133,6 +134,14 @@ at::Tensor decode_shared_prefix(const at::Tensor& q, const at::Tensor& k_cache, 
 }
 
 }  // namespace
+
+namespace tide_ops {  // for cpu_decode_step.cpp (cpu_ops.h)
+at::Tensor decode_shared_prefix(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                                const at::Tensor& block_tables, const at::Tensor& context_lens, int64_t shared,
+                                double scale) {
+  return ::decode_shared_prefix(q, k_cache, v_cache, block_tables, context_lens, shared, scale);
+}
+}  // namespace tide_ops
 
 TORCH_LIBRARY_FRAGMENT(tide, m) {
   m.def("decode_shared_prefix(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, Tensor context_lens, "

@@ -16,8 +16,8 @@ import torch.nn.functional as F
 
 from kernels import AttentionMetadata, paged_attention, write_kv_cache
 from kernels import cpu as cpu_kernels
-from kernels.attention import decode_reads_rows_in_place
-from kernels.linear import Linear, choose_row_split, packed_rows
+from kernels.attention import cpp_decode_shared_tokens, decode_reads_rows_in_place
+from kernels.linear import SPLIT_ROWS, Linear, choose_row_split, packed_rows
 from worker.models.config import ModelConfig
 from worker.models.rope import RotaryEmbedding, apply_rotary
 
@@ -69,6 +69,10 @@ class LlamaModel:
         self._decode_weights: list[torch.Tensor] = []
         self._decode_biases: list[torch.Tensor] = []
         self._decode_layers_setup()
+        # Decode-only steps of more rows take decode_layers_packed (oneDNN's packed weights).
+        self._packed_weights: list[torch.Tensor] = []
+        self._packed_biases: list[torch.Tensor] = []
+        self._packed_step_setup()
 
     @torch.inference_mode()
     def forward(
@@ -127,6 +131,23 @@ class LlamaModel:
         self._decode_biases = [lay.qkv.bias for lay in self.layers if lay.qkv.bias is not None]
         self.decode_rows = self.layers[0].qkv.gemv_rows
 
+    def _packed_step_setup(self) -> None:
+        """Weights for the one-call decode step on the packed matmul
+        (``tide::decode_layers_packed``): every projection on oneDNN's packed path, with the
+        same GEMV row limit, and no bias but the qkv one."""
+        linears = [lin for lay in self.layers for lin in (lay.qkv, lay.o, lay.gate_up, lay.down)]
+        if self.native is None or not all(lin.packed for lin in linears):
+            return
+        if len({lin.gemv_rows for lin in linears}) != 1:
+            return
+        if any(lay.o.bias is not None or lay.gate_up.bias is not None or lay.down.bias is not None
+               for lay in self.layers):  # fmt: skip
+            return
+        for lay in self.layers:
+            for part in (lay.input_norm, lay.qkv, lay.o, lay.post_norm, lay.gate_up, lay.down):
+                self._packed_weights.append(part.weight if isinstance(part, Linear) else part)
+        self._packed_biases = [lay.qkv.bias for lay in self.layers if lay.qkv.bias is not None]
+
     def _forward_native(
         self,
         input_ids: torch.Tensor,
@@ -162,6 +183,16 @@ class LlamaModel:
             input_ids = F.pad(input_ids, (0, rows - n))
             positions = F.pad(positions, (0, rows - n))
         hidden = F.embedding(input_ids, self.embed)
+        if self._takes_packed_step(n, rows, meta):
+            group = meta.decode_groups[0]
+            shared = cpp_decode_shared_tokens(self.dtype, hd, group, kv_caches[0][0].shape[2])
+            hidden = ops.decode_layers_packed(
+                hidden, positions, self._packed_weights, self._packed_biases,
+                [k for k, _ in kv_caches], [v for _, v in kv_caches], meta.slot_mapping,
+                group.block_tables, group.context_lens, self.rope.cos, self.rope.sin,
+                cfg.num_heads, cfg.num_kv_heads, hd, shared, eps, self.scale,
+            )  # fmt: skip
+            return self.lm_head(ops.rms_norm(hidden[logits_indices], self.norm, eps)).float()
         delta: torch.Tensor | None = None
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
             if delta is None:
@@ -184,6 +215,17 @@ class LlamaModel:
         if delta is not None:
             hidden.add_(delta)
         return self.lm_head(ops.rms_norm(hidden[logits_indices], self.norm, eps)).float()
+
+    def _takes_packed_step(self, n: int, rows: int, meta: AttentionMetadata) -> bool:
+        """A decode-only step in one group, past the GEMV's rows and within one whole packed
+        call per projection (no row pieces): what decode_layers_packed runs."""
+        return (
+            bool(self._packed_weights)
+            and self.layers[0].qkv.gemv_rows < n
+            and rows <= SPLIT_ROWS
+            and _all_one_group_decode(meta, n)
+            and decode_reads_rows_in_place(self.device, self.dtype)
+        )
 
     def _padded_rows(self, n: int) -> int:
         """The row count a step of n rows runs its layers at: the packed matmul's bucket

@@ -1,0 +1,147 @@
+// Whole decode steps in one call: every decoder layer of a decode-only step runs here, op
+// after op, with the kernels the Python loop (worker/models/llama.py) calls one by one,
+// minus its ~15 dispatches per layer, so the logits are the same bit for bit.
+//
+//   tide::decode_layers(...)         one or two rows: the projections on the native GEMV
+//   tide::decode_layers_packed(...)  more rows: the projections on oneDNN's packed matmul
+//                                    (mkldnn::_linear_pointwise, what kernels/linear.py calls)
+//
+// `layers` holds 6 tensors per layer: input_norm, qkv, o, post_norm, gate_up, down (the
+// projections in the layout their path takes); `qkv_bias` is empty or one tensor per
+// layer. Both update the KV caches and return the final residual stream (before the
+// model's last norm).
+
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/library.h>
+
+#include "cpu_ops.h"
+
+namespace {
+
+// Every decoder layer for a step of one or two decode rows, in one call: the same
+// kernels the Python loop calls op by op, minus ~15 Python dispatches per layer (about
+// a sixth of a batch-1 step). `layers` holds 6 tensors per layer: input_norm,
+// qkv (packed), o (packed), post_norm, gate_up (packed), down (packed); `qkv_bias` is
+// empty or one tensor per layer. Updates the KV caches; returns the final residual
+// stream (before the model's last norm).
+at::Tensor decode_layers(const at::Tensor& hidden_in, const at::Tensor& positions, at::TensorList layers,
+                         at::TensorList qkv_bias, at::TensorList k_caches, at::TensorList v_caches,
+                         const at::Tensor& slot_mapping, const at::Tensor& block_tables,
+                         const at::Tensor& context_lens, const at::Tensor& cos, const at::Tensor& sin,
+                         int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t intermediate,
+                         double eps, double scale) {
+  const int64_t num_layers = static_cast<int64_t>(k_caches.size());
+  TORCH_CHECK(static_cast<int64_t>(layers.size()) == 6 * num_layers && v_caches.size() == k_caches.size(),
+              "decode_layers: expected 6 weights and one K/V cache pair per layer");
+  TORCH_CHECK(qkv_bias.empty() || static_cast<int64_t>(qkv_bias.size()) == num_layers,
+              "decode_layers: qkv_bias must be empty or one per layer");
+  const int64_t n = hidden_in.size(0), q_size = num_heads * head_dim, kv_size = num_kv_heads * head_dim;
+  const int64_t hidden_size = hidden_in.size(1);
+  at::Tensor hidden = hidden_in.clone();
+  at::Tensor delta;
+  for (int64_t l = 0; l < num_layers; ++l) {
+    const at::Tensor* w = layers.data() + 6 * l;
+    at::Tensor x = delta.defined() ? tide_ops::add_rms_norm_(hidden, delta, w[0], eps)
+                                   : tide_ops::rms_norm(hidden, w[0], eps);
+    c10::optional<at::Tensor> bias;
+    if (!qkv_bias.empty()) bias = qkv_bias[l];
+    at::Tensor qkv = tide_ops::gemv_bf16(x, w[1], bias, q_size + 2 * kv_size);
+    tide_ops::rotary_(qkv, positions, cos, sin, num_heads + num_kv_heads, head_dim);
+    const at::Tensor q = qkv.narrow(1, 0, q_size).view({n, num_heads, head_dim});
+    const at::Tensor k = qkv.narrow(1, q_size, kv_size).view({n, num_kv_heads, head_dim});
+    const at::Tensor v = qkv.narrow(1, q_size + kv_size, kv_size).view({n, num_kv_heads, head_dim});
+    at::Tensor kc = k_caches[l], vc = v_caches[l];
+    tide_ops::write_kv_cache(k, v, kc, vc, slot_mapping);
+    const at::Tensor attn = tide_ops::paged_decode_attention(q, kc, vc, block_tables, context_lens, scale);
+    const at::Tensor attn_out = tide_ops::gemv_bf16(attn.view({n, q_size}), w[2], c10::nullopt, hidden_size);
+    x = tide_ops::add_rms_norm_(hidden, attn_out, w[3], eps);
+    at::Tensor gate_up = tide_ops::gemv_bf16(x, w[4], c10::nullopt, 2 * intermediate);
+    delta = tide_ops::gemv_bf16(tide_ops::silu_mul(gate_up), w[5], c10::nullopt, hidden_size);
+  }
+  if (delta.defined()) hidden.add_(delta);
+  return hidden;
+}
+
+// y = x W^T (+ b) on oneDNN's packed weight, through the op kernels/linear.py calls.
+at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias) {
+  static const c10::OperatorHandle op =
+      c10::Dispatcher::singleton().findSchemaOrThrow("mkldnn::_linear_pointwise", "");
+  torch::jit::Stack stack;
+  stack.reserve(6);
+  stack.emplace_back(x);
+  stack.emplace_back(w);
+  stack.emplace_back(bias);
+  stack.emplace_back(std::string("none"));
+  stack.emplace_back(c10::List<c10::optional<at::Scalar>>());
+  stack.emplace_back(std::string(""));
+  op.callBoxed(&stack);
+  return stack.back().toTensor();
+}
+
+// Decode-only steps of more rows than the GEMV takes. hidden [rows, hidden] and positions
+// [rows] come padded to the packed matmul's row bucket; the first n rows are the step's
+// (slot_mapping, block_tables and context_lens have n rows) and the padding rows get zero
+// attention output, as in the Python loop. shared > 0: every row's first `shared` keys are
+// the same cached blocks, attended once for all rows (tide::decode_shared_prefix).
+at::Tensor decode_layers_packed(const at::Tensor& hidden_in, const at::Tensor& positions, at::TensorList layers,
+                                at::TensorList qkv_bias, at::TensorList k_caches, at::TensorList v_caches,
+                                const at::Tensor& slot_mapping, const at::Tensor& block_tables,
+                                const at::Tensor& context_lens, const at::Tensor& cos, const at::Tensor& sin,
+                                int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t shared,
+                                double eps, double scale) {
+  const int64_t num_layers = static_cast<int64_t>(k_caches.size());
+  TORCH_CHECK(static_cast<int64_t>(layers.size()) == 6 * num_layers && v_caches.size() == k_caches.size(),
+              "decode_layers_packed: expected 6 weights and one K/V cache pair per layer");
+  TORCH_CHECK(qkv_bias.empty() || static_cast<int64_t>(qkv_bias.size()) == num_layers,
+              "decode_layers_packed: qkv_bias must be empty or one per layer");
+  const int64_t rows = hidden_in.size(0), n = context_lens.size(0);
+  TORCH_CHECK(n <= rows && slot_mapping.size(0) == n && block_tables.size(0) == n && positions.size(0) == rows,
+              "decode_layers_packed: ", n, " decode rows (slots, tables, lengths) in ", rows, " padded rows");
+  const int64_t q_size = num_heads * head_dim, kv_size = num_kv_heads * head_dim;
+  at::Tensor hidden = hidden_in.clone();
+  at::Tensor attn_in = at::zeros({rows, q_size}, hidden.options());  // padding rows stay zero
+  at::Tensor delta;
+  for (int64_t l = 0; l < num_layers; ++l) {
+    const at::Tensor* w = layers.data() + 6 * l;
+    at::Tensor x = delta.defined() ? tide_ops::add_rms_norm_(hidden, delta, w[0], eps)
+                                   : tide_ops::rms_norm(hidden, w[0], eps);
+    c10::optional<at::Tensor> bias;
+    if (!qkv_bias.empty()) bias = qkv_bias[l];
+    at::Tensor qkv = packed_linear(x, w[1], bias);
+    tide_ops::rotary_(qkv, positions, cos, sin, num_heads + num_kv_heads, head_dim);
+    const at::Tensor q = qkv.narrow(0, 0, n).narrow(1, 0, q_size).view({n, num_heads, head_dim});
+    const at::Tensor k = qkv.narrow(0, 0, n).narrow(1, q_size, kv_size).view({n, num_kv_heads, head_dim});
+    const at::Tensor v = qkv.narrow(0, 0, n).narrow(1, q_size + kv_size, kv_size).view({n, num_kv_heads, head_dim});
+    at::Tensor kc = k_caches[l], vc = v_caches[l];
+    tide_ops::write_kv_cache(k, v, kc, vc, slot_mapping);
+    const at::Tensor attn =
+        shared > 0 ? tide_ops::decode_shared_prefix(q, kc, vc, block_tables, context_lens, shared, scale)
+                   : tide_ops::paged_decode_attention(q, kc, vc, block_tables, context_lens, scale);
+    attn_in.narrow(0, 0, n).copy_(attn.view({n, q_size}));
+    x = tide_ops::add_rms_norm_(hidden, packed_linear(attn_in, w[2], c10::nullopt), w[3], eps);
+    delta = packed_linear(tide_ops::silu_mul(packed_linear(x, w[4], c10::nullopt)), w[5], c10::nullopt);
+  }
+  if (delta.defined()) hidden.add_(delta);
+  return hidden;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(tide, m) {
+  m.def("decode_layers(Tensor hidden, Tensor positions, Tensor[] layers, Tensor[] qkv_bias, Tensor[] k_caches, "
+        "Tensor[] v_caches, Tensor slot_mapping, Tensor block_tables, Tensor context_lens, Tensor cos, Tensor sin, "
+        "int num_heads, int num_kv_heads, int head_dim, int intermediate, float eps, float scale) -> Tensor");
+  m.def("decode_layers_packed(Tensor hidden, Tensor positions, Tensor[] layers, Tensor[] qkv_bias, "
+        "Tensor[] k_caches, Tensor[] v_caches, Tensor slot_mapping, Tensor block_tables, Tensor context_lens, "
+        "Tensor cos, Tensor sin, int num_heads, int num_kv_heads, int head_dim, int shared, float eps, "
+        "float scale) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(tide, CPU, m) {
+  m.impl("decode_layers", &decode_layers);
+  m.impl("decode_layers_packed", &decode_layers_packed);
+}
+
+// oneDNN's packed float32 weights are opaque MKLDNN tensors, which dispatch here.
+TORCH_LIBRARY_IMPL(tide, MkldnnCPU, m) { m.impl("decode_layers_packed", &decode_layers_packed); }

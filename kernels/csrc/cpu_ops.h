@@ -1,0 +1,25 @@
+// The native ops one C++ file calls from another (the whole-step loops of
+// cpu_decode_step.cpp call the element, attention and GEMV kernels directly, without a
+// trip through the dispatcher). Each is also a torch op of the same name ("tide::").
+#pragma once
+
+#include <ATen/ATen.h>
+
+namespace tide_ops {
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps);
+at::Tensor add_rms_norm_(at::Tensor& hidden, const at::Tensor& delta, const at::Tensor& w, double eps);
+at::Tensor silu_mul(const at::Tensor& gate_up);
+void rotary_(at::Tensor& x, const at::Tensor& positions, const at::Tensor& cos, const at::Tensor& sin,
+             int64_t heads, int64_t head_dim);
+void write_kv_cache(const at::Tensor& key, const at::Tensor& value, at::Tensor& k_cache, at::Tensor& v_cache,
+                    const at::Tensor& slot_mapping);
+at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                                  const at::Tensor& block_tables, const at::Tensor& context_lens, double scale);
+at::Tensor decode_shared_prefix(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                                const at::Tensor& block_tables, const at::Tensor& context_lens, int64_t shared,
+                                double scale);
+at::Tensor gemv_bf16(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias,
+                     int64_t N);
+
+}  // namespace tide_ops

@@ -1,0 +1,102 @@
+"""tide::decode_layers_packed: a decode-only step of more rows than the GEMV takes, every
+layer in one native call on oneDNN's packed weights, against the op-by-op Python loop it
+replaces (LlamaModel._forward_native): the same tokens and the same logits, bit for bit."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels import cpu as cpu_kernels
+from kernels.linear import _packed_linear_works
+from tests.conftest import assert_same_run, make_engine, record_logits
+from worker.engine import SamplingParams
+
+ops = cpu_kernels.ops()
+pytestmark = [
+    pytest.mark.skipif(ops is None, reason="native CPU kernels could not be built here"),
+    pytest.mark.skipif(
+        not torch.backends.mkldnn.is_available() or not _packed_linear_works(torch.float32),
+        reason="no oneDNN packed matmul in this torch",
+    ),
+]
+
+
+class Spy:
+    """torch.ops.tide, remembering which ops the model looked up."""
+
+    def __init__(self) -> None:
+        self.called: set[str] = set()
+
+    def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+        self.called.add(name)
+        return getattr(ops, name)
+
+
+def run(path, dtype: str, prompts: list[list[int]], one_call: bool, warm: list[int] | None = None):
+    engine = make_engine(path, dtype=dtype, num_kv_blocks=128, max_num_seqs=8)
+    model = engine.runner.model
+    if dtype == "bfloat16" and not _packed_linear_works(torch.bfloat16):
+        pytest.skip("no oneDNN packed bf16 matmul here")
+    assert model._packed_weights, "the packed one-call step was not set up"
+    if not one_call:
+        model._packed_weights = []
+    params = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
+    if warm is not None:  # cache a prefix first: the prompts then share its blocks
+        engine.generate([warm], SamplingParams(max_tokens=1, temperature=0.0))
+    model.native = spy = Spy()
+    logits = record_logits(model)
+    out = engine.generate(prompts, params)
+    assert ("decode_layers_packed" in spy.called) == one_call
+    return [o.token_ids for o in out], logits
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_one_call_packed_step_equals_the_op_by_op_loop(tiny_path, dtype):
+    """Five rows of different lengths: padded to the packed bucket (8), the padding rows
+    never written to the cache nor attended."""
+    prompts = [[1, *range(10, 10 + n)] for n in (3, 17, 40, 9, 26)]
+    a = run(tiny_path, dtype, prompts, one_call=True)
+    b = run(tiny_path, dtype, prompts, one_call=False)
+    assert_same_run(a, b, min_steps=8)
+
+
+def test_rows_sharing_a_cached_prefix_take_the_shared_kernel(monkeypatch):
+    """Five rows behind a cached 288-token prefix (head_dim 32, bf16): the step attends the
+    prefix once for all rows (decode_shared_prefix), in one call as op by op."""
+    import worker.models.llama as llama
+    from kernels.attention import native_prefill
+    from worker.models.resolve import resolve_model_path
+
+    if not native_prefill(torch.bfloat16, 32):
+        pytest.skip("no AMX or AVX-512 BF16: no shared-prefix decode kernel here")
+    shared: list[int] = []
+    real = llama.cpp_decode_shared_tokens
+
+    def spy(*args):  # type: ignore[no-untyped-def]
+        shared.append(real(*args))
+        return shared[-1]
+
+    monkeypatch.setattr(llama, "cpp_decode_shared_tokens", spy)
+    path = resolve_model_path("dummy:small")
+    prefix = [1, *((7 * i) % 250 + 4 for i in range(287))]
+    prompts = [[*prefix, 40 + i, 41 + i] for i in range(5)]
+    a = run(path, "bfloat16", prompts, one_call=True, warm=prefix)
+    assert max(shared) >= 256, shared
+    b = run(path, "bfloat16", prompts, one_call=False, warm=prefix)
+    assert_same_run(a, b, min_steps=8)
+
+
+def test_more_decode_rows_than_padded_rows_is_refused(tiny_path):
+    engine = make_engine(tiny_path, dtype="float32", num_kv_blocks=16)
+    model = engine.runner.model
+    cfg, layers = model.config, len(model.layers)
+    kv = engine.runner.kv_caches
+    with pytest.raises(RuntimeError, match="9 decode rows .* in 8 padded rows"):
+        ops.decode_layers_packed(
+            torch.zeros(8, cfg.hidden_size), torch.zeros(8, dtype=torch.long),
+            model._packed_weights, [], [k for k, _ in kv][:layers], [v for _, v in kv][:layers],
+            torch.zeros(9, dtype=torch.long), torch.zeros(9, 4, dtype=torch.long),
+            torch.ones(9, dtype=torch.int32), model.rope.cos, model.rope.sin,
+            cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, 0, 1e-5, 0.25,
+        )  # fmt: skip
