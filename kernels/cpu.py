@@ -46,7 +46,7 @@ CSRC = Path(__file__).with_name("csrc")
 # tiles or AVX-512 BF16) with the headers they include.
 SOURCES = (
     CSRC / "cpu_kernels.cpp",
-    CSRC / "cpu_decode_step.cpp",
+    CSRC / "cpu_step.cpp",
     CSRC / "cpu_prefill.cpp",
     CSRC / "cpu_shared_decode.cpp",
 )

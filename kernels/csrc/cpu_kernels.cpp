@@ -691,7 +691,7 @@ int64_t gemv_max_rows() { return gemv_supported() ? kMaxGemvRows : 0; }
 
 }  // namespace
 
-// The same kernels for cpu_decode_step.cpp (cpu_ops.h).
+// The same kernels for cpu_step.cpp (cpu_ops.h).
 namespace tide_ops {
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) { return ::rms_norm(x, w, eps); }
 at::Tensor add_rms_norm_(at::Tensor& hidden, const at::Tensor& delta, const at::Tensor& w, double eps) {

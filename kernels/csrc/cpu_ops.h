@@ -1,5 +1,5 @@
 // The native ops one C++ file calls from another (the whole-step loops of
-// cpu_decode_step.cpp call the element, attention and GEMV kernels directly, without a
+// cpu_step.cpp call the element, attention and GEMV kernels directly, without a
 // trip through the dispatcher). Each is also a torch op of the same name ("tide::").
 #pragma once
 
@@ -19,6 +19,9 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
 at::Tensor decode_shared_prefix(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                                 const at::Tensor& block_tables, const at::Tensor& context_lens, int64_t shared,
                                 double scale);
+void prefill_attention_varlen(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                              const at::Tensor& query_start, const at::Tensor& start_pos,
+                              const at::Tensor& block_tables, int64_t first_row, double scale, at::Tensor& out);
 at::Tensor gemv_bf16(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias,
                      int64_t N);
 

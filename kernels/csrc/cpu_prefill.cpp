@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "attention_passes.h"
+#include "cpu_ops.h"
 
 namespace {
 
@@ -159,6 +160,14 @@ void prefill_attention_varlen(const at::Tensor& q, const at::Tensor& k_cache, co
 }
 
 }  // namespace
+
+namespace tide_ops {  // for cpu_step.cpp (cpu_ops.h)
+void prefill_attention_varlen(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                              const at::Tensor& query_start, const at::Tensor& start_pos,
+                              const at::Tensor& block_tables, int64_t first_row, double scale, at::Tensor& out) {
+  ::prefill_attention_varlen(q, k_cache, v_cache, query_start, start_pos, block_tables, first_row, scale, out);
+}
+}  // namespace tide_ops
 
 TORCH_LIBRARY_FRAGMENT(tide, m) {
   m.def("prefill_attention_varlen(Tensor q, Tensor k_cache, Tensor v_cache, Tensor query_start, Tensor start_pos, "

@@ -135,7 +135,7 @@ at::Tensor decode_shared_prefix(const at::Tensor& q, const at::Tensor& k_cache, 
 
 }  // namespace
 
-namespace tide_ops {  // for cpu_decode_step.cpp (cpu_ops.h)
+namespace tide_ops {  // for cpu_step.cpp (cpu_ops.h)
 at::Tensor decode_shared_prefix(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                                 const at::Tensor& block_tables, const at::Tensor& context_lens, int64_t shared,
                                 double scale) {

@@ -16,8 +16,8 @@ import torch.nn.functional as F
 
 from kernels import AttentionMetadata, paged_attention, write_kv_cache
 from kernels import cpu as cpu_kernels
-from kernels.attention import cpp_decode_shared_tokens, decode_reads_rows_in_place
-from kernels.linear import SPLIT_ROWS, Linear, choose_row_split, packed_rows
+from kernels.attention import cpp_decode_shared_tokens, decode_reads_rows_in_place, native_prefill
+from kernels.linear import Linear, choose_row_split, packed_rows
 from worker.models.config import ModelConfig
 from worker.models.rope import RotaryEmbedding, apply_rotary
 
@@ -69,7 +69,7 @@ class LlamaModel:
         self._decode_weights: list[torch.Tensor] = []
         self._decode_biases: list[torch.Tensor] = []
         self._decode_layers_setup()
-        # Decode-only steps of more rows take decode_layers_packed (oneDNN's packed weights).
+        # Steps of more rows take step_layers_packed (oneDNN's packed weights).
         self._packed_weights: list[torch.Tensor] = []
         self._packed_biases: list[torch.Tensor] = []
         self._packed_step_setup()
@@ -132,9 +132,9 @@ class LlamaModel:
         self.decode_rows = self.layers[0].qkv.gemv_rows
 
     def _packed_step_setup(self) -> None:
-        """Weights for the one-call decode step on the packed matmul
-        (``tide::decode_layers_packed``): every projection on oneDNN's packed path, with the
-        same GEMV row limit, and no bias but the qkv one."""
+        """Weights for the one-call step on the packed matmul (``tide::step_layers_packed``):
+        every projection on oneDNN's packed path, with the same GEMV row limit, and no bias
+        but the qkv one."""
         linears = [lin for lay in self.layers for lin in (lay.qkv, lay.o, lay.gate_up, lay.down)]
         if self.native is None or not all(lin.packed for lin in linears):
             return
@@ -183,15 +183,8 @@ class LlamaModel:
             input_ids = F.pad(input_ids, (0, rows - n))
             positions = F.pad(positions, (0, rows - n))
         hidden = F.embedding(input_ids, self.embed)
-        if self._takes_packed_step(n, rows, meta):
-            group = meta.decode_groups[0]
-            shared = cpp_decode_shared_tokens(self.dtype, hd, group, kv_caches[0][0].shape[2])
-            hidden = ops.decode_layers_packed(
-                hidden, positions, self._packed_weights, self._packed_biases,
-                [k for k, _ in kv_caches], [v for _, v in kv_caches], meta.slot_mapping,
-                group.block_tables, group.context_lens, self.rope.cos, self.rope.sin,
-                cfg.num_heads, cfg.num_kv_heads, hd, shared, eps, self.scale,
-            )  # fmt: skip
+        if self._takes_packed_step(n, meta):
+            hidden = self._packed_step(hidden, positions, kv_caches, meta)
             return self.lm_head(ops.rms_norm(hidden[logits_indices], self.norm, eps)).float()
         delta: torch.Tensor | None = None
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
@@ -216,16 +209,49 @@ class LlamaModel:
             hidden.add_(delta)
         return self.lm_head(ops.rms_norm(hidden[logits_indices], self.norm, eps)).float()
 
-    def _takes_packed_step(self, n: int, rows: int, meta: AttentionMetadata) -> bool:
-        """A decode-only step in one group, past the GEMV's rows and within one whole packed
-        call per projection (no row pieces): what decode_layers_packed runs."""
-        return (
-            bool(self._packed_weights)
-            and self.layers[0].qkv.gemv_rows < n
-            and rows <= SPLIT_ROWS
-            and _all_one_group_decode(meta, n)
-            and decode_reads_rows_in_place(self.device, self.dtype)
-        )
+    def _takes_packed_step(self, n: int, meta: AttentionMetadata) -> bool:
+        """A step past the GEMV's rows whose attention the native kernels run in place:
+        decode rows in at most one group, first, and prefill chunks only where the bf16
+        kernel takes them all in one call. What step_layers_packed runs."""
+        if not self._packed_weights or n <= self.layers[0].qkv.gemv_rows:
+            return False
+        if not decode_reads_rows_in_place(self.device, self.dtype):
+            return False
+        groups = meta.decode_groups
+        if len(groups) > 1 or (groups and groups[0].rows.start != 0):
+            return False
+        if not meta.prefills:
+            return bool(groups) and groups[0].rows == slice(0, n)
+        return meta.prefill_batch is not None and native_prefill(self.dtype, self.config.head_dim)
+
+    def _packed_step(
+        self,
+        hidden: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        """Every layer of the step in one native call (``tide::step_layers_packed``)."""
+        cfg, hd = self.config, self.config.head_dim
+        group = meta.decode_groups[0] if meta.decode_groups else None
+        shared = 0
+        if group is not None:
+            shared = cpp_decode_shared_tokens(self.dtype, hd, group, kv_caches[0][0].shape[2])
+        batch = meta.prefill_batch if meta.prefills else None
+        lay = self.layers[0]
+        splits = [lin.split_rows for lin in (lay.qkv, lay.o, lay.gate_up, lay.down)]
+        return self.native.step_layers_packed(
+            hidden, positions, self._packed_weights, self._packed_biases,
+            [k for k, _ in kv_caches], [v for _, v in kv_caches], meta.slot_mapping,
+            None if group is None else group.block_tables,
+            None if group is None else group.context_lens, shared,
+            None if batch is None else batch.query_start,
+            None if batch is None else batch.start_pos,
+            None if batch is None else batch.block_tables,
+            0 if batch is None else batch.first_row, splits,
+            self.rope.cos, self.rope.sin, cfg.num_heads, cfg.num_kv_heads, hd,
+            cfg.rms_norm_eps, self.scale,
+        )  # fmt: skip
 
     def _padded_rows(self, n: int) -> int:
         """The row count a step of n rows runs its layers at: the packed matmul's bucket

@@ -1,6 +1,7 @@
-"""tide::decode_layers_packed: a decode-only step of more rows than the GEMV takes, every
-layer in one native call on oneDNN's packed weights, against the op-by-op Python loop it
-replaces (LlamaModel._forward_native): the same tokens and the same logits, bit for bit."""
+"""tide::step_layers_packed: a step of more rows than the GEMV takes (decode rows, prefill
+chunks, or both), every layer in one native call on oneDNN's packed weights, against the
+op-by-op Python loop it replaces (LlamaModel._forward_native): the same tokens and the same
+logits, bit for bit."""
 
 from __future__ import annotations
 
@@ -33,9 +34,13 @@ class Spy:
         return getattr(ops, name)
 
 
-def run(path, dtype: str, prompts: list[list[int]], one_call: bool, warm: list[int] | None = None):
-    engine = make_engine(path, dtype=dtype, num_kv_blocks=128, max_num_seqs=8)
+def run(path, dtype: str, prompts: list[list[int]], one_call: bool, warm: list[int] | None = None,
+        split: int = 0, **config):  # fmt: skip
+    engine = make_engine(path, dtype=dtype, num_kv_blocks=128, max_num_seqs=8, **config)
     model = engine.runner.model
+    for layer in model.layers:  # row pieces, as choose_row_split may pick them
+        for lin in (layer.qkv, layer.o, layer.gate_up, layer.down):
+            lin.split_rows = split
     if dtype == "bfloat16" and not _packed_linear_works(torch.bfloat16):
         pytest.skip("no oneDNN packed bf16 matmul here")
     assert model._packed_weights, "the packed one-call step was not set up"
@@ -46,9 +51,19 @@ def run(path, dtype: str, prompts: list[list[int]], one_call: bool, warm: list[i
         engine.generate([warm], SamplingParams(max_tokens=1, temperature=0.0))
     model.native = spy = Spy()
     logits = record_logits(model)
+    packed_step = model._packed_step
+
+    def recording_step(hidden, positions, kv_caches, meta):  # type: ignore[no-untyped-def]
+        step_kinds.add((bool(meta.decode_groups), bool(meta.prefills)))
+        return packed_step(hidden, positions, kv_caches, meta)
+
+    model._packed_step = recording_step
     out = engine.generate(prompts, params)
-    assert ("decode_layers_packed" in spy.called) == one_call
+    assert ("step_layers_packed" in spy.called) == one_call
     return [o.token_ids for o in out], logits
+
+
+step_kinds: set[tuple[bool, bool]] = set()  # (decode rows, prefill chunks) of the one-call steps
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -87,16 +102,35 @@ def test_rows_sharing_a_cached_prefix_take_the_shared_kernel(monkeypatch):
     assert_same_run(a, b, min_steps=8)
 
 
+def test_mixed_steps_and_row_pieces_equal_the_op_by_op_loop():
+    """Prefill chunks beside decode rows (bf16, head_dim 32: the native prefill kernel), a
+    700-token prompt in one step, and every projection forced into 256-row pieces."""
+    from kernels.attention import native_prefill
+    from worker.models.resolve import resolve_model_path
+
+    if not native_prefill(torch.bfloat16, 32):
+        pytest.skip("no AMX or AVX-512 BF16: prefill chunks take SDPA here")
+    path = resolve_model_path("dummy:small")
+    prompts = [[1, *((5 * i + n) % 250 + 4 for i in range(n))] for n in (700, 6, 90, 13, 300)]
+    step_kinds.clear()
+    for split in (0, 256):
+        a = run(path, "bfloat16", prompts, one_call=True, split=split, max_num_batched_tokens=1024)
+        b = run(path, "bfloat16", prompts, one_call=False, split=split, max_num_batched_tokens=1024)
+        assert_same_run(a, b, min_steps=8)
+    assert step_kinds == {(False, True), (True, True), (True, False)}, step_kinds
+
+
 def test_more_decode_rows_than_padded_rows_is_refused(tiny_path):
     engine = make_engine(tiny_path, dtype="float32", num_kv_blocks=16)
     model = engine.runner.model
     cfg, layers = model.config, len(model.layers)
     kv = engine.runner.kv_caches
-    with pytest.raises(RuntimeError, match="9 decode rows .* in 8 padded rows"):
-        ops.decode_layers_packed(
+    with pytest.raises(RuntimeError, match="9 decode rows and 9 step rows in 8 padded rows"):
+        ops.step_layers_packed(
             torch.zeros(8, cfg.hidden_size), torch.zeros(8, dtype=torch.long),
             model._packed_weights, [], [k for k, _ in kv][:layers], [v for _, v in kv][:layers],
             torch.zeros(9, dtype=torch.long), torch.zeros(9, 4, dtype=torch.long),
-            torch.ones(9, dtype=torch.int32), model.rope.cos, model.rope.sin,
-            cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, 0, 1e-5, 0.25,
+            torch.ones(9, dtype=torch.int32), 0, None, None, None, 0, [0, 0, 0, 0],
+            model.rope.cos, model.rope.sin, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
+            1e-5, 0.25,
         )  # fmt: skip

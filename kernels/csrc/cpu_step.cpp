@@ -1,10 +1,11 @@
-// Whole decode steps in one call: every decoder layer of a decode-only step runs here, op
+// Whole steps in one call: every decoder layer of a step runs here, op
 // after op, with the kernels the Python loop (worker/models/llama.py) calls one by one,
 // minus its ~15 dispatches per layer, so the logits are the same bit for bit.
 //
-//   tide::decode_layers(...)         one or two rows: the projections on the native GEMV
-//   tide::decode_layers_packed(...)  more rows: the projections on oneDNN's packed matmul
-//                                    (mkldnn::_linear_pointwise, what kernels/linear.py calls)
+//   tide::decode_layers(...)       one or two decode rows: the projections on the native GEMV
+//   tide::step_layers_packed(...)  more rows, decode rows and/or prefill chunks: the
+//                                  projections on oneDNN's packed matmul
+//                                  (mkldnn::_linear_pointwise, what kernels/linear.py calls)
 //
 // `layers` holds 6 tensors per layer: input_norm, qkv, o, post_norm, gate_up, down (the
 // projections in the layout their path takes); `qkv_bias` is empty or one tensor per
@@ -63,10 +64,19 @@ at::Tensor decode_layers(const at::Tensor& hidden_in, const at::Tensor& position
   return hidden;
 }
 
-// y = x W^T (+ b) on oneDNN's packed weight, through the op kernels/linear.py calls.
-at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias) {
+// y = x W^T (+ b) on oneDNN's packed weight, through the op kernels/linear.py calls; more
+// than `split` rows (> 0) run in pieces of `split` rows, as Linear does where that won.
+at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias,
+                         int64_t split) {
   static const c10::OperatorHandle op =
       c10::Dispatcher::singleton().findSchemaOrThrow("mkldnn::_linear_pointwise", "");
+  const int64_t rows = x.size(0);
+  if (split > 0 && rows > split) {
+    std::vector<at::Tensor> pieces;
+    for (int64_t i = 0; i < rows; i += split)
+      pieces.push_back(packed_linear(x.narrow(0, i, std::min(split, rows - i)), w, bias, 0));
+    return at::cat(pieces);
+  }
   torch::jit::Stack stack;
   stack.reserve(6);
   stack.emplace_back(x);
@@ -79,25 +89,40 @@ at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& w, const c10::op
   return stack.back().toTensor();
 }
 
-// Decode-only steps of more rows than the GEMV takes. hidden [rows, hidden] and positions
-// [rows] come padded to the packed matmul's row bucket; the first n rows are the step's
-// (slot_mapping, block_tables and context_lens have n rows) and the padding rows get zero
-// attention output, as in the Python loop. shared > 0: every row's first `shared` keys are
-// the same cached blocks, attended once for all rows (tide::decode_shared_prefix).
-at::Tensor decode_layers_packed(const at::Tensor& hidden_in, const at::Tensor& positions, at::TensorList layers,
-                                at::TensorList qkv_bias, at::TensorList k_caches, at::TensorList v_caches,
-                                const at::Tensor& slot_mapping, const at::Tensor& block_tables,
-                                const at::Tensor& context_lens, const at::Tensor& cos, const at::Tensor& sin,
-                                int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t shared,
-                                double eps, double scale) {
+// Any step the native kernels attend (decode rows first, then prefill chunks), with more
+// rows than the GEMV takes. hidden [rows, hidden] and positions [rows] come padded to the
+// packed matmul's row bucket; the first n = slot_mapping.size(0) rows are the step's, the
+// padding rows get zero attention output, as in the Python loop. Decode rows (rows
+// 0 .. decode_lens.size(0)) attend through decode_tables: with shared > 0 their first
+// `shared` keys are the same cached blocks, attended once for all rows
+// (tide::decode_shared_prefix). Prefill chunks go to tide::prefill_attention_varlen with
+// the step's PrefillBatch. `splits` holds the row pieces of qkv, o, gate_up and down.
+at::Tensor step_layers_packed(const at::Tensor& hidden_in, const at::Tensor& positions, at::TensorList layers,
+                              at::TensorList qkv_bias, at::TensorList k_caches, at::TensorList v_caches,
+                              const at::Tensor& slot_mapping, const c10::optional<at::Tensor>& decode_tables,
+                              const c10::optional<at::Tensor>& decode_lens, int64_t shared,
+                              const c10::optional<at::Tensor>& prefill_query_start,
+                              const c10::optional<at::Tensor>& prefill_start_pos,
+                              const c10::optional<at::Tensor>& prefill_tables, int64_t prefill_first_row,
+                              at::IntArrayRef splits, const at::Tensor& cos, const at::Tensor& sin,
+                              int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, double eps, double scale) {
   const int64_t num_layers = static_cast<int64_t>(k_caches.size());
   TORCH_CHECK(static_cast<int64_t>(layers.size()) == 6 * num_layers && v_caches.size() == k_caches.size(),
-              "decode_layers_packed: expected 6 weights and one K/V cache pair per layer");
+              "step_layers_packed: expected 6 weights and one K/V cache pair per layer");
   TORCH_CHECK(qkv_bias.empty() || static_cast<int64_t>(qkv_bias.size()) == num_layers,
-              "decode_layers_packed: qkv_bias must be empty or one per layer");
-  const int64_t rows = hidden_in.size(0), n = context_lens.size(0);
-  TORCH_CHECK(n <= rows && slot_mapping.size(0) == n && block_tables.size(0) == n && positions.size(0) == rows,
-              "decode_layers_packed: ", n, " decode rows (slots, tables, lengths) in ", rows, " padded rows");
+              "step_layers_packed: qkv_bias must be empty or one per layer");
+  TORCH_CHECK(splits.size() == 4, "step_layers_packed: splits holds 4 row pieces (qkv, o, gate_up, down)");
+  const bool has_decode = decode_lens.has_value() && decode_lens->defined();
+  const bool has_prefill = prefill_query_start.has_value() && prefill_query_start->defined();
+  TORCH_CHECK(has_decode || has_prefill, "step_layers_packed: a step of neither decode rows nor prefill chunks");
+  TORCH_CHECK(!has_decode || (decode_tables.has_value() && decode_tables->defined()),
+              "step_layers_packed: decode_lens without decode_tables");
+  TORCH_CHECK(!has_prefill || (prefill_start_pos.has_value() && prefill_tables.has_value()),
+              "step_layers_packed: prefill_query_start without start_pos and tables");
+  const int64_t rows = hidden_in.size(0), n = slot_mapping.size(0);
+  const int64_t nd = has_decode ? decode_lens->size(0) : 0;
+  TORCH_CHECK(nd <= n && n <= rows && positions.size(0) == rows,
+              "step_layers_packed: ", nd, " decode rows and ", n, " step rows in ", rows, " padded rows");
   const int64_t q_size = num_heads * head_dim, kv_size = num_kv_heads * head_dim;
   at::Tensor hidden = hidden_in.clone();
   at::Tensor attn_in = at::zeros({rows, q_size}, hidden.options());  // padding rows stay zero
@@ -108,19 +133,31 @@ at::Tensor decode_layers_packed(const at::Tensor& hidden_in, const at::Tensor& p
                                    : tide_ops::rms_norm(hidden, w[0], eps);
     c10::optional<at::Tensor> bias;
     if (!qkv_bias.empty()) bias = qkv_bias[l];
-    at::Tensor qkv = packed_linear(x, w[1], bias);
+    at::Tensor qkv = packed_linear(x, w[1], bias, splits[0]);
     tide_ops::rotary_(qkv, positions, cos, sin, num_heads + num_kv_heads, head_dim);
-    const at::Tensor q = qkv.narrow(0, 0, n).narrow(1, 0, q_size).view({n, num_heads, head_dim});
-    const at::Tensor k = qkv.narrow(0, 0, n).narrow(1, q_size, kv_size).view({n, num_kv_heads, head_dim});
-    const at::Tensor v = qkv.narrow(0, 0, n).narrow(1, q_size + kv_size, kv_size).view({n, num_kv_heads, head_dim});
+    const at::Tensor step = qkv.narrow(0, 0, n);
+    const at::Tensor q = step.narrow(1, 0, q_size).view({n, num_heads, head_dim});
+    const at::Tensor k = step.narrow(1, q_size, kv_size).view({n, num_kv_heads, head_dim});
+    const at::Tensor v = step.narrow(1, q_size + kv_size, kv_size).view({n, num_kv_heads, head_dim});
     at::Tensor kc = k_caches[l], vc = v_caches[l];
     tide_ops::write_kv_cache(k, v, kc, vc, slot_mapping);
-    const at::Tensor attn =
-        shared > 0 ? tide_ops::decode_shared_prefix(q, kc, vc, block_tables, context_lens, shared, scale)
-                   : tide_ops::paged_decode_attention(q, kc, vc, block_tables, context_lens, scale);
+    at::Tensor attn;
+    if (has_decode) {
+      const at::Tensor qd = q.narrow(0, 0, nd);
+      attn = shared > 0 ? tide_ops::decode_shared_prefix(qd, kc, vc, *decode_tables, *decode_lens, shared, scale)
+                        : tide_ops::paged_decode_attention(qd, kc, vc, *decode_tables, *decode_lens, scale);
+    }
+    if (has_prefill) {
+      at::Tensor out = at::empty({n, num_heads, head_dim}, q.options());
+      if (nd > 0) out.narrow(0, 0, nd).copy_(attn);
+      tide_ops::prefill_attention_varlen(q, kc, vc, *prefill_query_start, *prefill_start_pos, *prefill_tables,
+                                         prefill_first_row, scale, out);
+      attn = out;
+    }
     attn_in.narrow(0, 0, n).copy_(attn.view({n, q_size}));
-    x = tide_ops::add_rms_norm_(hidden, packed_linear(attn_in, w[2], c10::nullopt), w[3], eps);
-    delta = packed_linear(tide_ops::silu_mul(packed_linear(x, w[4], c10::nullopt)), w[5], c10::nullopt);
+    x = tide_ops::add_rms_norm_(hidden, packed_linear(attn_in, w[2], c10::nullopt, splits[1]), w[3], eps);
+    const at::Tensor gate_up = packed_linear(x, w[4], c10::nullopt, splits[2]);
+    delta = packed_linear(tide_ops::silu_mul(gate_up), w[5], c10::nullopt, splits[3]);
   }
   if (delta.defined()) hidden.add_(delta);
   return hidden;
@@ -132,16 +169,17 @@ TORCH_LIBRARY_FRAGMENT(tide, m) {
   m.def("decode_layers(Tensor hidden, Tensor positions, Tensor[] layers, Tensor[] qkv_bias, Tensor[] k_caches, "
         "Tensor[] v_caches, Tensor slot_mapping, Tensor block_tables, Tensor context_lens, Tensor cos, Tensor sin, "
         "int num_heads, int num_kv_heads, int head_dim, int intermediate, float eps, float scale) -> Tensor");
-  m.def("decode_layers_packed(Tensor hidden, Tensor positions, Tensor[] layers, Tensor[] qkv_bias, "
-        "Tensor[] k_caches, Tensor[] v_caches, Tensor slot_mapping, Tensor block_tables, Tensor context_lens, "
-        "Tensor cos, Tensor sin, int num_heads, int num_kv_heads, int head_dim, int shared, float eps, "
-        "float scale) -> Tensor");
+  m.def("step_layers_packed(Tensor hidden, Tensor positions, Tensor[] layers, Tensor[] qkv_bias, "
+        "Tensor[] k_caches, Tensor[] v_caches, Tensor slot_mapping, Tensor? decode_tables, Tensor? decode_lens, "
+        "int shared, Tensor? prefill_query_start, Tensor? prefill_start_pos, Tensor? prefill_tables, "
+        "int prefill_first_row, int[] splits, Tensor cos, Tensor sin, int num_heads, int num_kv_heads, "
+        "int head_dim, float eps, float scale) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(tide, CPU, m) {
   m.impl("decode_layers", &decode_layers);
-  m.impl("decode_layers_packed", &decode_layers_packed);
+  m.impl("step_layers_packed", &step_layers_packed);
 }
 
 // oneDNN's packed float32 weights are opaque MKLDNN tensors, which dispatch here.
-TORCH_LIBRARY_IMPL(tide, MkldnnCPU, m) { m.impl("decode_layers_packed", &decode_layers_packed); }
+TORCH_LIBRARY_IMPL(tide, MkldnnCPU, m) { m.impl("step_layers_packed", &step_layers_packed); }
