@@ -693,25 +693,36 @@ int64_t gemv_max_rows() { return gemv_supported() ? kMaxGemvRows : 0; }
 
 // The same kernels for cpu_step.cpp (cpu_ops.h).
 namespace tide_ops {
-at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) { return ::rms_norm(x, w, eps); }
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
+  TIDE_RECORD("rms_norm");
+  return ::rms_norm(x, w, eps);
+}
 at::Tensor add_rms_norm_(at::Tensor& hidden, const at::Tensor& delta, const at::Tensor& w, double eps) {
+  TIDE_RECORD("add_rms_norm_");
   return ::add_rms_norm_(hidden, delta, w, eps);
 }
-at::Tensor silu_mul(const at::Tensor& gate_up) { return ::silu_mul(gate_up); }
+at::Tensor silu_mul(const at::Tensor& gate_up) {
+  TIDE_RECORD("silu_mul");
+  return ::silu_mul(gate_up);
+}
 void rotary_(at::Tensor& x, const at::Tensor& positions, const at::Tensor& cos, const at::Tensor& sin,
              int64_t heads, int64_t head_dim) {
+  TIDE_RECORD("rotary_");
   ::rotary_(x, positions, cos, sin, heads, head_dim);
 }
 void write_kv_cache(const at::Tensor& key, const at::Tensor& value, at::Tensor& k_cache, at::Tensor& v_cache,
                     const at::Tensor& slot_mapping) {
+  TIDE_RECORD("write_kv_cache");
   ::write_kv_cache(key, value, k_cache, v_cache, slot_mapping);
 }
 at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                                   const at::Tensor& block_tables, const at::Tensor& context_lens, double scale) {
+  TIDE_RECORD("paged_decode_attention");
   return ::paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale);
 }
 at::Tensor gemv_bf16(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias,
                      int64_t N) {
+  TIDE_RECORD("gemv_bf16");
   return ::gemv_bf16(x, packed, bias, N);
 }
 }  // namespace tide_ops

@@ -1,9 +1,14 @@
 // The native ops one C++ file calls from another (the whole-step loops of
 // cpu_step.cpp call the element, attention and GEMV kernels directly, without a
-// trip through the dispatcher). Each is also a torch op of the same name ("tide::").
+// trip through the dispatcher). Each is also a torch op of the same name ("tide::"), and
+// each direct call is recorded under that name for torch.profiler (a flag test when no
+// profiler runs), so a profile of a whole-step call still splits its time by op.
 #pragma once
 
 #include <ATen/ATen.h>
+#include <ATen/record_function.h>
+
+#define TIDE_RECORD(name) RECORD_FUNCTION("tide::" name, std::vector<c10::IValue>())
 
 namespace tide_ops {
 

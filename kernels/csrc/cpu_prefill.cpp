@@ -165,6 +165,7 @@ namespace tide_ops {  // for cpu_step.cpp (cpu_ops.h)
 void prefill_attention_varlen(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                               const at::Tensor& query_start, const at::Tensor& start_pos,
                               const at::Tensor& block_tables, int64_t first_row, double scale, at::Tensor& out) {
+  TIDE_RECORD("prefill_attention_varlen");
   ::prefill_attention_varlen(q, k_cache, v_cache, query_start, start_pos, block_tables, first_row, scale, out);
 }
 }  // namespace tide_ops

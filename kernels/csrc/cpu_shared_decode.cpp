@@ -139,6 +139,7 @@ namespace tide_ops {  // for cpu_step.cpp (cpu_ops.h)
 at::Tensor decode_shared_prefix(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                                 const at::Tensor& block_tables, const at::Tensor& context_lens, int64_t shared,
                                 double scale) {
+  TIDE_RECORD("decode_shared_prefix");
   return ::decode_shared_prefix(q, k_cache, v_cache, block_tables, context_lens, shared, scale);
 }
 }  // namespace tide_ops

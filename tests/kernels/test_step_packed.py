@@ -134,3 +134,22 @@ def test_more_decode_rows_than_padded_rows_is_refused(tiny_path):
             model.rope.cos, model.rope.sin, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
             1e-5, 0.25,
         )  # fmt: skip
+
+
+def test_a_profile_of_a_whole_step_call_names_the_kernels_inside(tiny_path):
+    """bench_peers' op split reads the profiler: the one-call steps record every kernel
+    they call under its own name (cpu_ops.h), not as one opaque op."""
+    from torch.profiler import ProfilerActivity, profile
+
+    engine = make_engine(tiny_path, dtype="float32", num_kv_blocks=64, max_num_seqs=8)
+    prompts = [[1, *range(10, 10 + n)] for n in (3, 17, 40, 9)]
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        engine.generate(prompts, SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
+    under_step = {
+        e.name
+        for e in prof.events()
+        if e.cpu_parent is not None and e.cpu_parent.name == "tide::step_layers_packed"
+    }
+    inside = {"tide::paged_decode_attention", "tide::write_kv_cache", "tide::rotary_",
+              "tide::silu_mul", "tide::add_rms_norm_", "mkldnn::_linear_pointwise"}  # fmt: skip
+    assert inside <= under_step, inside - under_step
