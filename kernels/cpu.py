@@ -41,11 +41,13 @@ else:
 log = logging.getLogger(__name__)
 
 CSRC = Path(__file__).with_name("csrc")
-# One extension from these files: the elementwise/decode kernels, whole decode steps in one
-# call, and attention on bf16 pairs (prefill chunks; decode rows sharing a cached prefix: AMX
-# tiles or AVX-512 BF16) with the headers they include.
+# One extension from these files: the elementwise/decode kernels, the small-batch GEMV (AMX
+# tiles or AVX-512 BF16), whole steps in one call, and attention on bf16 pairs (prefill
+# chunks; decode rows sharing a cached prefix: AMX tiles or AVX-512 BF16) with the headers
+# they include.
 SOURCES = (
     CSRC / "cpu_kernels.cpp",
+    CSRC / "cpu_gemv.cpp",
     CSRC / "cpu_step.cpp",
     CSRC / "cpu_prefill.cpp",
     CSRC / "cpu_shared_decode.cpp",

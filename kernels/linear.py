@@ -1,11 +1,12 @@
 """Dense projections. On CPU in bfloat16, weights are pre-packed once.
 
 Two packed copies serve the two regimes of a decode engine:
-- up to ``gemv_max_rows()`` rows (2: batch-1 decode), the native GEMV of
-  ``kernels/csrc`` streams its own layout at about three quarters of the machine's
-  read bandwidth, 1.2-1.3x oneDNN at one row (``python scripts/bench_gemv.py``);
-- more rows (larger decode batches, prefill chunks) go to oneDNN's packed matmul
-  (AMX where present), about a third faster than ``F.linear`` on plain tensors.
+- up to ``gemv_max_rows()`` rows (decode batches: 64 on AMX, 2 with AVX-512 BF16 alone),
+  the native GEMV of ``kernels/csrc/cpu_gemv.cpp`` streams its own layout at about the
+  machine's plain read rate up to 32 rows, 1.2-1.7x oneDNN's packed matmul at 1-64 rows
+  (``python scripts/bench_gemv.py``);
+- more rows (prefill chunks, mixed steps) go to oneDNN's packed matmul (AMX where
+  present), about a third faster than ``F.linear`` on plain tensors.
 The GEMV copy doubles the weight memory of a CPU worker; set ``TIDE_CPU_KERNELS=0`` to
 trade that latency for memory. Where the oneDNN op is missing or disagrees with
 ``F.linear`` on a probe, the plain path is used; the choice is made once per process.
@@ -36,8 +37,8 @@ import torch.nn.functional as F
 
 from kernels import cpu as cpu_kernels
 
-# The row count oneDNN lays the packed weight out for. The packed matmul serves 3+ rows
-# (decode batches, prefill chunks); packed for 64 rows instead of 1, a decode-heavy run
+# The row count oneDNN lays the packed weight out for. The packed matmul serves the rows
+# past the GEMV's (3+ without AMX); packed for 64 rows instead of 1, a decode-heavy run
 # (32 requests x 48 tokens, dummy:bench) took 1.20x less time and a prefill-heavy one
 # (4 x 2,000-token prompts) 1.015x, alternating in one process (docs: README, engine).
 PACK_BATCH_HINT = 64

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Projections: native GEMV vs oneDNN packed vs F.linear, weights read from memory.
+"""Projections: native GEMV (AMX tiles up to 64 rows, or AVX-512 BF16 at 1-2 rows) vs oneDNN
+packed vs F.linear, weights read from memory.
 
 Streams the 36 distinct projection weights of ``dummy:bench``'s 9 layers (204 MB of
 bf16, more than the caches hold) once per pass, as one decode step does, for a few row
@@ -79,6 +80,11 @@ def main() -> None:
         if native and rows <= cpu_kernels.gemv_max_rows():
             paths["native"] = lambda xs=xs: [
                 ops.gemv_bf16(xs[w.shape[1]], p, None, w.shape[0])
+                for w, p in zip(weights, native, strict=True)
+            ]
+        if native and rows <= 2:  # the path CPUs without AMX take
+            paths["native-avx512"] = lambda xs=xs: [
+                ops.gemv_bf16_vector(xs[w.shape[1]], p, None, w.shape[0])
                 for w, p in zip(weights, native, strict=True)
             ]
         results = {name: timed(step) for name, step in paths.items()}

@@ -1,8 +1,5 @@
 // CPU kernels for the engine's hot loops, registered as torch ops (namespace "tide").
 //
-//   tide::gemv_bf16(x, packed, bias, N)  y = x w^T + b for one or two rows of bf16
-//       activations (batch-1 decode) from gemv_pack_bf16's layout: one sequential,
-//       prefetched weight stream per thread, AVX-512 BF16 dot products, fp32 sums.
 //   tide::paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale)
 //       one query token per row against its paged K/V, read in place from the block
 //       pool (no gather copy); each (row, kv head) pair is one task, its query heads
@@ -10,9 +7,9 @@
 //   Padding rows (a decode batch padded to a fixed size): a KV write to slot -1 is
 //   skipped and a context of length 0 attends to nothing (zeros).
 //
-// Built on first use by kernels/cpu.py with -march=native; where AVX-512 BF16 is
-// missing the GEMV is not offered (Python falls back), and decode attention runs on
-// AVX2 + FMA (decode_avx2.h) or, without those or at other head dims, a portable loop.
+// The small-batch projections are in cpu_gemv.cpp. Built on first use by kernels/cpu.py
+// with -march=native; where AVX-512 BF16 is missing decode attention runs on AVX2 + FMA
+// (decode_avx2.h) or, without those or at other head dims, a portable loop.
 
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
@@ -125,14 +122,6 @@ void pv_heads(const float* p, int64_t Lp, const float* inv_sum, int64_t len, con
     const __m512 scale = _mm512_set1_ps(inv_sum[h]);
     for (int v = 0; v < NV; ++v) _mm512_storeu_ps(out + h * D + 16 * v, _mm512_mul_ps(acc[h][v], scale));
   }
-}
-
-// Lane r of the result (r < 4) is the sum of v[r]'s lanes.
-__attribute__((always_inline)) inline __m512 transpose_sum4(const __m512* v) {
-  __m512 w[16];
-  for (int i = 0; i < 4; ++i) w[i] = v[i];
-  for (int i = 4; i < 16; ++i) w[i] = _mm512_setzero_ps();
-  return transpose_sum16(w);
 }
 
 // One (row, kv head) task with head_dim = 16 * NV. Scores are computed 16 tokens at a
@@ -588,106 +577,6 @@ void rotary_(at::Tensor& x, const at::Tensor& positions, const at::Tensor& cos, 
   });
 }
 
-// ---------------------------------------------------------------- GEMV
-
-// Packed weight layout for the GEMV: rows in groups of kRows, and within a group the
-// K dimension in chunks of 32 with the group's rows side by side:
-//   packed[n / kRows][k / 32][n % kRows][k % 32]   (N padded up with zero rows)
-// so one thread's share of the weight is a single sequential stream.
-constexpr int64_t kRows = 4;
-// Past two rows oneDNN's packed matmul (AMX) is as fast or faster here.
-constexpr int64_t kMaxGemvRows = 2;
-
-at::Tensor gemv_pack_bf16(const at::Tensor& w) {
-  TORCH_CHECK(w.scalar_type() == at::kBFloat16 && w.dim() == 2, "gemv_pack_bf16 takes a bfloat16 [N, K] weight");
-  TORCH_CHECK(w.size(1) % 32 == 0, "gemv_pack_bf16 needs K % 32 == 0, got ", w.size(1));
-  const int64_t N = w.size(0), K = w.size(1), groups = (N + kRows - 1) / kRows;
-  auto padded = at::zeros({groups * kRows, K}, w.options());
-  padded.narrow(0, 0, N).copy_(w);
-  return padded.view({groups, kRows, K / 32, 32}).permute({0, 2, 1, 3}).contiguous();
-}
-
-#if defined(__AVX512BF16__)
-// Row groups [g0, g1) of y[M, N] = x[M, K] w^T from the packed weight.
-template <int M>
-void gemv_groups(const at::BFloat16* x, const at::BFloat16* wp, const at::BFloat16* bias, at::BFloat16* y,
-                 int64_t N, int64_t K, int64_t g0, int64_t g1) {
-  constexpr int64_t kPrefetch = 2048;  // bytes ahead of the stream
-  const int64_t chunks = K / 32;
-  for (int64_t g = g0; g < g1; ++g) {
-    const at::BFloat16* w = wp + g * kRows * K;
-    // One pass per input row: the first streams the group's weights from memory (and
-    // prefetches ahead), the others find them in L1. Interleaving the rows in one pass
-    // measured slower at 2-3 rows on this machine.
-    for (int m = 0; m < M; ++m) {
-      __m512 acc[kRows];
-      for (int r = 0; r < kRows; ++r) acc[r] = _mm512_setzero_ps();
-      const at::BFloat16* xm = x + m * K;
-      for (int64_t c = 0; c < chunks; ++c) {
-        const at::BFloat16* wc = w + c * kRows * 32;
-        if (m == 0) {
-          const char* pf = reinterpret_cast<const char*>(wc) + kPrefetch;
-          for (int r = 0; r < kRows; ++r) _mm_prefetch(pf + 64 * r, _MM_HINT_T0);
-        }
-        const __m512bh xv = as_bh(_mm512_loadu_si512(xm + c * 32));
-        for (int r = 0; r < kRows; ++r) acc[r] = _mm512_dpbf16_ps(acc[r], xv, as_bh(_mm512_loadu_si512(wc + r * 32)));
-      }
-      const __m512 sums = transpose_sum4(acc);
-      alignas(64) float out[16];
-      _mm512_store_ps(out, sums);
-      for (int r = 0; r < kRows; ++r) {
-        const int64_t n = g * kRows + r;
-        if (n >= N) break;
-        float s = out[r];
-        if (bias) s += static_cast<float>(bias[n]);
-        y[m * N + n] = at::BFloat16(s);
-      }
-    }
-  }
-}
-#endif
-
-bool gemv_supported() {
-#if defined(__AVX512BF16__)
-  return true;
-#else
-  return false;
-#endif
-}
-
-at::Tensor gemv_bf16(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias,
-                     int64_t N) {
-  TORCH_CHECK(gemv_supported(), "gemv_bf16 needs AVX-512 BF16");
-  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && packed.scalar_type() == at::kBFloat16, "gemv_bf16 takes bfloat16");
-  TORCH_CHECK(packed.dim() == 4 && packed.size(2) == kRows && packed.size(3) == 32 && packed.is_contiguous(),
-              "gemv_bf16 takes a weight from gemv_pack_bf16");
-  const int64_t M = x.size(0), K = packed.size(1) * 32, groups = packed.size(0);
-  TORCH_CHECK(x.dim() == 2 && x.size(1) == K, "x must be [M, ", K, "], got ", x.sizes());
-  TORCH_CHECK(M >= 1 && M <= kMaxGemvRows, "gemv_bf16 takes 1..", kMaxGemvRows, " rows, got ", M);
-  TORCH_CHECK(N > (groups - 1) * kRows && N <= groups * kRows, "N ", N, " does not match the packed weight");
-  auto xc = x.contiguous();
-  at::Tensor bc;
-  if (bias.has_value() && bias->defined()) {
-    TORCH_CHECK(bias->numel() == N && bias->scalar_type() == at::kBFloat16, "bias must be bfloat16 [N]");
-    bc = bias->contiguous();
-  }
-  auto y = at::empty({M, N}, x.options());
-#if defined(__AVX512BF16__)
-  const auto* xp = xc.data_ptr<at::BFloat16>();
-  const auto* wp = packed.data_ptr<at::BFloat16>();
-  const auto* bp = bc.defined() ? bc.data_ptr<at::BFloat16>() : nullptr;
-  auto* yp = y.data_ptr<at::BFloat16>();
-  at::parallel_for(0, groups, 8, [&](int64_t g0, int64_t g1) {
-    switch (M) {
-      case 1: gemv_groups<1>(xp, wp, bp, yp, N, K, g0, g1); break;
-      default: gemv_groups<2>(xp, wp, bp, yp, N, K, g0, g1); break;
-    }
-  });
-#endif
-  return y;
-}
-
-int64_t gemv_max_rows() { return gemv_supported() ? kMaxGemvRows : 0; }
 
 }  // namespace
 
@@ -720,34 +609,24 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
   TIDE_RECORD("paged_decode_attention");
   return ::paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale);
 }
-at::Tensor gemv_bf16(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias,
-                     int64_t N) {
-  TIDE_RECORD("gemv_bf16");
-  return ::gemv_bf16(x, packed, bias, N);
-}
 }  // namespace tide_ops
 
 TORCH_LIBRARY(tide, m) {
   m.def("paged_decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
         "Tensor context_lens, float scale) -> Tensor");
-  m.def("gemv_pack_bf16(Tensor w) -> Tensor");
   m.def("write_kv_cache(Tensor key, Tensor value, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor slot_mapping) -> ()");
   m.def("rms_norm(Tensor x, Tensor w, float eps) -> Tensor");
   m.def("add_rms_norm_(Tensor(a!) hidden, Tensor delta, Tensor w, float eps) -> Tensor");
   m.def("silu_mul(Tensor gate_up) -> Tensor");
   m.def("rotary_(Tensor(a!) x, Tensor positions, Tensor cos, Tensor sin, int heads, int head_dim) -> ()");
-  m.def("gemv_bf16(Tensor x, Tensor packed, Tensor? bias, int N) -> Tensor");
-  m.def("gemv_max_rows() -> int", &gemv_max_rows);
   m.def("decode_attention_isa() -> str", &decode_attention_isa);
 }
 
 TORCH_LIBRARY_IMPL(tide, CPU, m) {
   m.impl("paged_decode_attention", &paged_decode_attention);
-  m.impl("gemv_pack_bf16", &gemv_pack_bf16);
   m.impl("write_kv_cache", &write_kv_cache);
   m.impl("rms_norm", &rms_norm);
   m.impl("add_rms_norm_", &add_rms_norm_);
   m.impl("silu_mul", &silu_mul);
   m.impl("rotary_", &rotary_);
-  m.impl("gemv_bf16", &gemv_bf16);
 }

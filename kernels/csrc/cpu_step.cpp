@@ -5,7 +5,8 @@
 //   tide::decode_layers(...)       one or two decode rows: the projections on the native GEMV
 //   tide::step_layers_packed(...)  more rows, decode rows and/or prefill chunks: the
 //                                  projections on oneDNN's packed matmul
-//                                  (mkldnn::_linear_pointwise, what kernels/linear.py calls)
+//                                  (mkldnn::_linear_pointwise, what kernels/linear.py calls),
+//                                  or the GEMV's where a step has few enough rows
 //
 // `layers` holds 6 tensors per layer: input_norm, qkv, o, post_norm, gate_up, down (the
 // projections in the layout their path takes); `qkv_bias` is empty or one tensor per
@@ -89,8 +90,18 @@ at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& w, const c10::op
   return stack.back().toTensor();
 }
 
+// The projection a step of x's rows takes: the GEMV's weight (`small`, where given) up to
+// small_rows rows, as kernels/linear.py's Linear picks, else oneDNN's packed one.
+at::Tensor project(const at::Tensor& x, const at::Tensor& packed, const at::Tensor* small, int64_t small_rows,
+                   const c10::optional<at::Tensor>& bias, int64_t split) {
+  if (small != nullptr && x.size(0) <= small_rows) return tide_ops::gemv_bf16(x, *small, bias, packed.size(0));
+  return packed_linear(x, packed, bias, split);
+}
+
 // Any step the native kernels attend (decode rows first, then prefill chunks), with more
-// rows than the GEMV takes. hidden [rows, hidden] and positions [rows] come padded to the
+// rows than decode_layers takes. `small` is empty or holds the GEMV weights of qkv, o,
+// gate_up and down per layer; with them, a step of up to small_rows rows projects on the
+// GEMV. hidden [rows, hidden] and positions [rows] come padded to the
 // packed matmul's row bucket; the first n = slot_mapping.size(0) rows are the step's, the
 // padding rows get zero attention output, as in the Python loop. Decode rows (rows
 // 0 .. decode_lens.size(0)) attend through decode_tables: with shared > 0 their first
@@ -104,14 +115,17 @@ at::Tensor step_layers_packed(const at::Tensor& hidden_in, const at::Tensor& pos
                               const c10::optional<at::Tensor>& prefill_query_start,
                               const c10::optional<at::Tensor>& prefill_start_pos,
                               const c10::optional<at::Tensor>& prefill_tables, int64_t prefill_first_row,
-                              at::IntArrayRef splits, const at::Tensor& cos, const at::Tensor& sin,
-                              int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, double eps, double scale) {
+                              at::IntArrayRef splits, at::TensorList small, int64_t small_rows,
+                              const at::Tensor& cos, const at::Tensor& sin, int64_t num_heads,
+                              int64_t num_kv_heads, int64_t head_dim, double eps, double scale) {
   const int64_t num_layers = static_cast<int64_t>(k_caches.size());
   TORCH_CHECK(static_cast<int64_t>(layers.size()) == 6 * num_layers && v_caches.size() == k_caches.size(),
               "step_layers_packed: expected 6 weights and one K/V cache pair per layer");
   TORCH_CHECK(qkv_bias.empty() || static_cast<int64_t>(qkv_bias.size()) == num_layers,
               "step_layers_packed: qkv_bias must be empty or one per layer");
   TORCH_CHECK(splits.size() == 4, "step_layers_packed: splits holds 4 row pieces (qkv, o, gate_up, down)");
+  TORCH_CHECK(small.empty() || static_cast<int64_t>(small.size()) == 4 * num_layers,
+              "step_layers_packed: small must be empty or hold 4 GEMV weights per layer");
   const bool has_decode = decode_lens.has_value() && decode_lens->defined();
   const bool has_prefill = prefill_query_start.has_value() && prefill_query_start->defined();
   TORCH_CHECK(has_decode || has_prefill, "step_layers_packed: a step of neither decode rows nor prefill chunks");
@@ -129,11 +143,16 @@ at::Tensor step_layers_packed(const at::Tensor& hidden_in, const at::Tensor& pos
   at::Tensor delta;
   for (int64_t l = 0; l < num_layers; ++l) {
     const at::Tensor* w = layers.data() + 6 * l;
+    const at::Tensor* sw = small.empty() ? nullptr : small.data() + 4 * l;
+    auto proj = [&](const at::Tensor& in, int i, const c10::optional<at::Tensor>& b) {
+      const int widx[4] = {1, 2, 4, 5};
+      return project(in, w[widx[i]], sw == nullptr ? nullptr : sw + i, small_rows, b, splits[i]);
+    };
     at::Tensor x = delta.defined() ? tide_ops::add_rms_norm_(hidden, delta, w[0], eps)
                                    : tide_ops::rms_norm(hidden, w[0], eps);
     c10::optional<at::Tensor> bias;
     if (!qkv_bias.empty()) bias = qkv_bias[l];
-    at::Tensor qkv = packed_linear(x, w[1], bias, splits[0]);
+    at::Tensor qkv = proj(x, 0, bias);
     tide_ops::rotary_(qkv, positions, cos, sin, num_heads + num_kv_heads, head_dim);
     const at::Tensor step = qkv.narrow(0, 0, n);
     const at::Tensor q = step.narrow(1, 0, q_size).view({n, num_heads, head_dim});
@@ -155,9 +174,9 @@ at::Tensor step_layers_packed(const at::Tensor& hidden_in, const at::Tensor& pos
       attn = out;
     }
     attn_in.narrow(0, 0, n).copy_(attn.view({n, q_size}));
-    x = tide_ops::add_rms_norm_(hidden, packed_linear(attn_in, w[2], c10::nullopt, splits[1]), w[3], eps);
-    const at::Tensor gate_up = packed_linear(x, w[4], c10::nullopt, splits[2]);
-    delta = packed_linear(tide_ops::silu_mul(gate_up), w[5], c10::nullopt, splits[3]);
+    x = tide_ops::add_rms_norm_(hidden, proj(attn_in, 1, c10::nullopt), w[3], eps);
+    const at::Tensor gate_up = proj(x, 2, c10::nullopt);
+    delta = proj(tide_ops::silu_mul(gate_up), 3, c10::nullopt);
   }
   if (delta.defined()) hidden.add_(delta);
   return hidden;
@@ -172,8 +191,8 @@ TORCH_LIBRARY_FRAGMENT(tide, m) {
   m.def("step_layers_packed(Tensor hidden, Tensor positions, Tensor[] layers, Tensor[] qkv_bias, "
         "Tensor[] k_caches, Tensor[] v_caches, Tensor slot_mapping, Tensor? decode_tables, Tensor? decode_lens, "
         "int shared, Tensor? prefill_query_start, Tensor? prefill_start_pos, Tensor? prefill_tables, "
-        "int prefill_first_row, int[] splits, Tensor cos, Tensor sin, int num_heads, int num_kv_heads, "
-        "int head_dim, float eps, float scale) -> Tensor");
+        "int prefill_first_row, int[] splits, Tensor[] small, int small_rows, Tensor cos, Tensor sin, "
+        "int num_heads, int num_kv_heads, int head_dim, float eps, float scale) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(tide, CPU, m) {

@@ -94,16 +94,30 @@ def test_paged_decode_attention_rejects_lengths_past_the_table():
         ops.paged_decode_attention(torch.zeros(1, 1, 64), k_cache, k_cache, tables, lens, 1.0)
 
 
+GEMV_CASES = [
+    *(("gemv_bf16", rows) for rows in (1, 2, 3, 16, 17, 33, 48, 64)),
+    *(("gemv_bf16_vector", rows) for rows in (1, 2)),
+]
+
+
 @needs_gemv
-@pytest.mark.parametrize("rows", [1, 2])
-@pytest.mark.parametrize(("n", "k"), [(260, 1024), (1027, 64), (8, 32)])
+@pytest.mark.parametrize(("path", "rows"), GEMV_CASES)
+@pytest.mark.parametrize(("n", "k"), [(260, 1024), (1027, 64), (8, 32), (48, 2816)])
 @pytest.mark.parametrize("with_bias", [False, True])
-def test_gemv_matches_linear(rows, n, k, with_bias):
+def test_gemv_matches_linear(path, rows, n, k, with_bias):
+    """Both paths (AMX tiles where the CPU has them, and the AVX-512 one CPUs without AMX
+    run) at every row count they take: partial row tiles, a second pass of 32 rows, column
+    groups past N (odd group counts padded to pairs)."""
+    limit = cpu_kernels.gemv_max_rows()
+    if path == "gemv_bf16_vector":
+        limit = min(2, limit)
+    if rows > limit:
+        pytest.skip(f"{path} takes up to {limit} rows here")
     gen = torch.Generator().manual_seed(rows * n + k)
     w = torch.randn(n, k, generator=gen).to(torch.bfloat16)
     x = torch.randn(rows, k, generator=gen).to(torch.bfloat16)
     bias = torch.randn(n, generator=gen).to(torch.bfloat16) if with_bias else None
-    got = ops.gemv_bf16(x, ops.gemv_pack_bf16(w), bias, n)
+    got = getattr(ops, path)(x, ops.gemv_pack_bf16(w), bias, n)
     ref = torch.nn.functional.linear(x.float(), w.float(), None if bias is None else bias.float())
     assert got.shape == (rows, n) and got.dtype == torch.bfloat16
     # fp32 sums rounded once to bf16: within bf16 resolution of the exact result.
@@ -113,8 +127,13 @@ def test_gemv_matches_linear(rows, n, k, with_bias):
 @needs_gemv
 def test_gemv_rejects_bad_shapes():
     w = ops.gemv_pack_bf16(torch.zeros(8, 64, dtype=torch.bfloat16))
+    top = cpu_kernels.gemv_max_rows()
+    with pytest.raises(RuntimeError, match=rf"gemv_bf16 takes 1\.\.{top} rows, got {top + 1}"):
+        ops.gemv_bf16(torch.zeros(top + 1, 64, dtype=torch.bfloat16), w, None, 8)
     with pytest.raises(RuntimeError, match=r"gemv_bf16 takes 1\.\.2 rows, got 3"):
-        ops.gemv_bf16(torch.zeros(3, 64, dtype=torch.bfloat16), w, None, 8)
+        ops.gemv_bf16_vector(torch.zeros(3, 64, dtype=torch.bfloat16), w, None, 8)
+    with pytest.raises(RuntimeError, match="N 40 does not match the packed weight"):
+        ops.gemv_bf16(torch.zeros(1, 64, dtype=torch.bfloat16), w, None, 40)
     with pytest.raises(RuntimeError, match="K % 32 == 0, got 48"):
         ops.gemv_pack_bf16(torch.zeros(8, 48, dtype=torch.bfloat16))
 
@@ -126,10 +145,10 @@ def test_linear_small_and_large_batches_agree_with_f_linear():
     w = torch.randn(96, 64, generator=gen).to(torch.bfloat16)
     layer = Linear(w)
     if cpu_kernels.gemv_max_rows():
-        assert layer.gemv_rows == 2, "bf16 CPU weights take the native GEMV for batch-1 decode"
+        assert layer.gemv_rows == cpu_kernels.gemv_max_rows(), "bf16 weights take the native GEMV"
     else:
         assert layer.gemv_rows == 0, "no native GEMV on this CPU: every batch through torch"
-    for rows in (1, 2, 7):
+    for rows in (1, 2, 7, 64, 65):
         x = torch.randn(rows, 64, generator=gen).to(torch.bfloat16)
         ref = torch.nn.functional.linear(x.float(), w.float())
         torch.testing.assert_close(layer(x).float(), ref, atol=5e-2, rtol=1e-2)

@@ -1,7 +1,7 @@
-"""tide::step_layers_packed: a step of more rows than the GEMV takes (decode rows, prefill
-chunks, or both), every layer in one native call on oneDNN's packed weights, against the
-op-by-op Python loop it replaces (LlamaModel._forward_native): the same tokens and the same
-logits, bit for bit."""
+"""tide::step_layers_packed: a step past decode_layers' rows (decode rows, prefill chunks,
+or both), every layer in one native call, its projections on the GEMV's weights up to its
+rows (bf16) and on oneDNN's packed weights past them, against the op-by-op Python loop it
+replaces (LlamaModel._forward_native): the same tokens and the same logits, bit for bit."""
 
 from __future__ import annotations
 
@@ -68,8 +68,9 @@ step_kinds: set[tuple[bool, bool]] = set()  # (decode rows, prefill chunks) of t
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_one_call_packed_step_equals_the_op_by_op_loop(tiny_path, dtype):
-    """Five rows of different lengths: padded to the packed bucket (8), the padding rows
-    never written to the cache nor attended."""
+    """Five rows of different lengths: in float32 padded to the packed bucket (8), the
+    padding rows never written to the cache nor attended; in bf16 on the GEMV's weights
+    where it takes five rows (AMX), unpadded."""
     prompts = [[1, *range(10, 10 + n)] for n in (3, 17, 40, 9, 26)]
     a = run(tiny_path, dtype, prompts, one_call=True)
     b = run(tiny_path, dtype, prompts, one_call=False)
@@ -130,7 +131,7 @@ def test_more_decode_rows_than_padded_rows_is_refused(tiny_path):
             torch.zeros(8, cfg.hidden_size), torch.zeros(8, dtype=torch.long),
             model._packed_weights, [], [k for k, _ in kv][:layers], [v for _, v in kv][:layers],
             torch.zeros(9, dtype=torch.long), torch.zeros(9, 4, dtype=torch.long),
-            torch.ones(9, dtype=torch.int32), 0, None, None, None, 0, [0, 0, 0, 0],
+            torch.ones(9, dtype=torch.int32), 0, None, None, None, 0, [0, 0, 0, 0], [], 0,
             model.rope.cos, model.rope.sin, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
             1e-5, 0.25,
         )  # fmt: skip

@@ -66,12 +66,14 @@ class LlamaModel:
         native = self.device.type == "cpu" and self.dtype in (torch.float32, torch.bfloat16)
         self.native = cpu_kernels.ops() if native else None
         self.decode_rows = 0  # steps of up to this many decode rows take decode_layers
+        self.small_rows = 0  # steps of up to this many rows project on the GEMV's weights
         self._decode_weights: list[torch.Tensor] = []
         self._decode_biases: list[torch.Tensor] = []
         self._decode_layers_setup()
         # Steps of more rows take step_layers_packed (oneDNN's packed weights).
         self._packed_weights: list[torch.Tensor] = []
         self._packed_biases: list[torch.Tensor] = []
+        self._small_weights: list[torch.Tensor] = []
         self._packed_step_setup()
 
     @torch.inference_mode()
@@ -129,12 +131,14 @@ class LlamaModel:
             for part in (lay.input_norm, lay.qkv, lay.o, lay.post_norm, lay.gate_up, lay.down):
                 self._decode_weights.append(part.gemv_weight if isinstance(part, Linear) else part)
         self._decode_biases = [lay.qkv.bias for lay in self.layers if lay.qkv.bias is not None]
-        self.decode_rows = self.layers[0].qkv.gemv_rows
+        self.small_rows = self.layers[0].qkv.gemv_rows
+        self.decode_rows = min(self.small_rows, DECODE_LAYERS_ROWS)
 
     def _packed_step_setup(self) -> None:
         """Weights for the one-call step on the packed matmul (``tide::step_layers_packed``):
         every projection on oneDNN's packed path, with the same GEMV row limit, and no bias
-        but the qkv one."""
+        but the qkv one; with the GEMV's weights too where decode_layers has them, for steps
+        of up to small_rows rows."""
         linears = [lin for lay in self.layers for lin in (lay.qkv, lay.o, lay.gate_up, lay.down)]
         if self.native is None or not all(lin.packed for lin in linears):
             return
@@ -147,6 +151,10 @@ class LlamaModel:
             for part in (lay.input_norm, lay.qkv, lay.o, lay.post_norm, lay.gate_up, lay.down):
                 self._packed_weights.append(part.weight if isinstance(part, Linear) else part)
         self._packed_biases = [lay.qkv.bias for lay in self.layers if lay.qkv.bias is not None]
+        if self._decode_weights:
+            for lay in self.layers:
+                projections = (lay.qkv, lay.o, lay.gate_up, lay.down)
+                self._small_weights += [lin.gemv_weight for lin in projections]
 
     def _forward_native(
         self,
@@ -210,10 +218,13 @@ class LlamaModel:
         return self.lm_head(ops.rms_norm(hidden[logits_indices], self.norm, eps)).float()
 
     def _takes_packed_step(self, n: int, meta: AttentionMetadata) -> bool:
-        """A step past the GEMV's rows whose attention the native kernels run in place:
-        decode rows in at most one group, first, and prefill chunks only where the bf16
-        kernel takes them all in one call. What step_layers_packed runs."""
-        if not self._packed_weights or n <= self.layers[0].qkv.gemv_rows:
+        """A step whose attention the native kernels run in place: decode rows in at most
+        one group, first, and prefill chunks only where the bf16 kernel takes them all in
+        one call; past the GEMV's rows where there are no GEMV weights to project small
+        steps on. What step_layers_packed runs."""
+        if not self._packed_weights:
+            return False
+        if n <= self.layers[0].qkv.gemv_rows and not self._small_weights:
             return False
         if not decode_reads_rows_in_place(self.device, self.dtype):
             return False
@@ -248,7 +259,7 @@ class LlamaModel:
             None if batch is None else batch.query_start,
             None if batch is None else batch.start_pos,
             None if batch is None else batch.block_tables,
-            0 if batch is None else batch.first_row, splits,
+            0 if batch is None else batch.first_row, splits, self._small_weights, self.small_rows,
             self.rope.cos, self.rope.sin, cfg.num_heads, cfg.num_kv_heads, hd,
             cfg.rms_norm_eps, self.scale,
         )  # fmt: skip
@@ -260,6 +271,12 @@ class LlamaModel:
         if not first.packed or n <= first.gemv_rows:
             return n
         return packed_rows(n)
+
+
+# decode_layers takes decode-only steps of up to this many rows (batch-1 decode, and its
+# neighbour); larger ones take step_layers_packed, which also attends rows behind a shared
+# cached prefix once and projects on the same GEMV up to small_rows rows.
+DECODE_LAYERS_ROWS = 2
 
 
 def _all_one_group_decode(meta: AttentionMetadata, n: int) -> bool:

@@ -1,0 +1,297 @@
+// Small-batch projections: y = x W^T (+ b) for the few rows of a decode step, where the
+// time is the weight read, not the arithmetic.
+//
+//   tide::gemv_pack_bf16(w)            W [N, K] bf16 into this file's layout (below)
+//   tide::gemv_bf16(x, packed, bias, N)  up to gemv_max_rows() rows of bf16 activations
+//   tide::gemv_max_rows()              64 on AMX, 2 on AVX-512 BF16 alone, 0 without either
+//   tide::gemv_bf16_vector(...)        gemv_bf16 on the AVX-512 path whatever the CPU has
+//                                      (what a CPU without AMX runs; tests hold it to F.linear)
+//
+// The layout is the AMX tile's right operand: 16 output columns by 32 K in one 1 KB block,
+// K in pairs (the VNNI order tdpbf16ps and vdpbf16ps read):
+//   packed[g][k / 32][(k % 32) / 2][n % 16][k % 2],  g = n / 16 (zero rows up to an even g)
+// so a thread's share of the weight is one sequential stream of 1 KB blocks.
+//
+// On AMX each thread takes two column groups at a time: per 32 K, two weight tiles from
+// memory (prefetched), the rows' tiles (16 rows each) from cache, and up to four tdpbf16ps;
+// more than 32 rows run in passes of 32 over the same (now cached) weight blocks. oneDNN's
+// packed matmul streams the weights at about two thirds of this rate up to 64 rows
+// (`python scripts/bench_gemv.py`). Without AMX, one or two rows run on vdpbf16ps with
+// each pair of x broadcast across the 16 columns. Sums are fp32; the bias is added before
+// the one rounding to bf16.
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+
+#if defined(__AVX512BF16__)
+#include <immintrin.h>
+#endif
+#if defined(__AVX512BF16__) && defined(__AMX_BF16__) && defined(__AMX_TILE__)
+#define TIDE_GEMV_AMX 1
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
+#include "cpu_ops.h"
+
+namespace {
+
+constexpr int64_t kCols = 16;          // output columns per group
+constexpr int64_t kBlock = kCols * 32;  // bf16 per (group, 32 K) block: 1 KB
+constexpr int64_t kPrefetch = 2048;     // bytes ahead of the weight stream
+constexpr int64_t kVectorRows = 2;      // rows the vdpbf16ps path takes
+constexpr int64_t kTileRows = 64;       // rows the AMX path takes
+
+at::Tensor gemv_pack_bf16(const at::Tensor& w) {
+  TORCH_CHECK(w.scalar_type() == at::kBFloat16 && w.dim() == 2, "gemv_pack_bf16 takes a bfloat16 [N, K] weight");
+  TORCH_CHECK(w.size(1) % 32 == 0, "gemv_pack_bf16 needs K % 32 == 0, got ", w.size(1));
+  const int64_t N = w.size(0), K = w.size(1), groups = 2 * ((N + 2 * kCols - 1) / (2 * kCols));
+  auto padded = at::zeros({groups * kCols, K}, w.options());
+  padded.narrow(0, 0, N).copy_(w);
+  // [g, n, k/32, pair, 2] -> [g, k/32, pair, n, 2]
+  return padded.view({groups, kCols, K / 32, 16, 2}).permute({0, 2, 3, 1, 4}).contiguous();
+}
+
+#if defined(__AVX512BF16__)
+inline __mmask16 column_mask(int64_t N, int64_t n0) {
+  return N - n0 >= kCols ? __mmask16(0xFFFF) : __mmask16((1u << (N - n0)) - 1);
+}
+
+// y[m, n0 .. n0 + 16) = bf16(acc + bias) for one row.
+inline void store_row(__m512 acc, const at::BFloat16* bias, at::BFloat16* y_row, int64_t N, int64_t n0) {
+  const __mmask16 mask = column_mask(N, n0);
+  if (bias) {
+    const __m256i b = _mm256_maskz_loadu_epi16(mask, bias + n0);
+    acc = _mm512_add_ps(acc, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16)));
+  }
+  const __m256bh r = _mm512_cvtneps_pbh(acc);
+  _mm256_mask_storeu_epi16(y_row + n0, mask, reinterpret_cast<const __m256i&>(r));
+}
+
+inline void prefetch_block(const at::BFloat16* block) {
+  const char* p = reinterpret_cast<const char*>(block) + kPrefetch;
+  for (int i = 0; i < 16; ++i) _mm_prefetch(p + 64 * i, _MM_HINT_T0);
+}
+
+// Column groups [g0, g1) for M (1 or 2) rows on vdpbf16ps: each pair x[k, k+1] broadcast
+// against a 64-byte row of the block (16 columns), four accumulators per row.
+template <int M>
+void vector_groups(const at::BFloat16* x, const at::BFloat16* wp, const at::BFloat16* bias, at::BFloat16* y,
+                   int64_t N, int64_t K, int64_t g0, int64_t g1) {
+  const int64_t chunks = K / 32;
+  const auto* pairs = reinterpret_cast<const int32_t*>(x);
+  for (int64_t g = g0; g < g1 && g * kCols < N; ++g) {
+    const at::BFloat16* w = wp + g * chunks * kBlock;
+    __m512 acc[M][4];
+    for (int m = 0; m < M; ++m)
+      for (int i = 0; i < 4; ++i) acc[m][i] = _mm512_setzero_ps();
+    for (int64_t c = 0; c < chunks; ++c) {
+      prefetch_block(w + c * kBlock);
+      for (int r = 0; r < 16; ++r) {
+        const __m512i wv = _mm512_loadu_si512(w + c * kBlock + r * 32);
+        for (int m = 0; m < M; ++m) {
+          const __m512i xv = _mm512_set1_epi32(pairs[m * K / 2 + c * 16 + r]);
+          acc[m][r & 3] = _mm512_dpbf16_ps(acc[m][r & 3], reinterpret_cast<const __m512bh&>(xv),
+                                           reinterpret_cast<const __m512bh&>(wv));
+        }
+      }
+    }
+    for (int m = 0; m < M; ++m) {
+      const __m512 sum = _mm512_add_ps(_mm512_add_ps(acc[m][0], acc[m][1]), _mm512_add_ps(acc[m][2], acc[m][3]));
+      store_row(sum, bias, y + m * N, N, g * kCols);
+    }
+  }
+}
+#endif
+
+#if defined(TIDE_GEMV_AMX)
+// Linux hands a process the AMX tile state only on request; asking twice is harmless.
+bool tiles_granted() {
+  static const bool granted = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18) == 0;
+  return granted;
+}
+
+struct TileConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// Tiles for a pass of `rows` (1..32) rows: 0, 1 the rows' x (16, then the rest), 2, 3 the
+// two groups' weight blocks, 4-7 the sums (group 0: 4, 5; group 1: 6, 7; second tile
+// of each the rows past 16).
+void configure_pass(int rows) {
+  const int chunks = (rows + 15) / 16, tail = rows - 16 * (chunks - 1);
+  TileConfig cfg;
+  for (int t = 0; t < 8; ++t) {
+    cfg.colsb[t] = 64;
+    cfg.rows[t] = 16;
+  }
+  cfg.rows[1] = tail;
+  if (chunks == 1) {
+    cfg.rows[4] = cfg.rows[6] = tail;
+  } else {
+    cfg.rows[5] = cfg.rows[7] = tail;
+  }
+  _tile_loadconfig(&cfg);
+}
+
+// Sums of one pass over two groups' blocks (w0, w1), for 16 (MC 1, tile 1) or 17..32 rows.
+template <int MC>
+void tile_pass(const at::BFloat16* x, const at::BFloat16* w0, const at::BFloat16* w1, int64_t K, bool prefetch) {
+  _tile_zero(4);
+  _tile_zero(6);
+  if constexpr (MC == 2) {
+    _tile_zero(5);
+    _tile_zero(7);
+  }
+  for (int64_t c = 0; c < K / 32; ++c) {
+    if (prefetch) {
+      prefetch_block(w0 + c * kBlock);
+      prefetch_block(w1 + c * kBlock);
+    }
+    _tile_loadd(2, w0 + c * kBlock, 64);
+    _tile_loadd(3, w1 + c * kBlock, 64);
+    const at::BFloat16* xc = x + c * 32;
+    if constexpr (MC == 1) {
+      _tile_loadd(1, xc, K * 2);
+      _tile_dpbf16ps(4, 1, 2);
+      _tile_dpbf16ps(6, 1, 3);
+    } else {
+      _tile_loadd(0, xc, K * 2);
+      _tile_loadd(1, xc + 16 * K, K * 2);
+      _tile_dpbf16ps(4, 0, 2);
+      _tile_dpbf16ps(6, 0, 3);
+      _tile_dpbf16ps(5, 1, 2);
+      _tile_dpbf16ps(7, 1, 3);
+    }
+  }
+}
+
+// Group pairs [p0, p1) for M (1..64) rows on AMX tiles.
+void tile_pairs(const at::BFloat16* x, const at::BFloat16* wp, const at::BFloat16* bias, at::BFloat16* y,
+                int64_t M, int64_t N, int64_t K, int64_t p0, int64_t p1) {
+  const int64_t pair_size = 2 * (K / 32) * kBlock;
+  alignas(64) float sums[2][32 * kCols];
+  int configured = -1;
+  for (int64_t p = p0; p < p1; ++p) {
+    const at::BFloat16* w0 = wp + p * pair_size;
+    const at::BFloat16* w1 = w0 + pair_size / 2;
+    for (int64_t m0 = 0; m0 < M; m0 += 32) {
+      const int rows = static_cast<int>(std::min<int64_t>(32, M - m0));
+      if (rows != configured) {
+        configure_pass(rows);
+        configured = rows;
+      }
+      if (rows > 16) {
+        tile_pass<2>(x + m0 * K, w0, w1, K, m0 == 0);
+        _tile_stored(5, sums[0] + 16 * kCols, 64);
+        _tile_stored(7, sums[1] + 16 * kCols, 64);
+      } else {
+        tile_pass<1>(x + m0 * K, w0, w1, K, m0 == 0);
+      }
+      _tile_stored(4, sums[0], 64);
+      _tile_stored(6, sums[1], 64);
+      for (int half = 0; half < 2; ++half) {
+        const int64_t n0 = (2 * p + half) * kCols;
+        if (n0 >= N) continue;
+        for (int m = 0; m < rows; ++m)
+          store_row(_mm512_load_ps(sums[half] + m * kCols), bias, y + (m0 + m) * N, N, n0);
+      }
+    }
+  }
+  _tile_release();
+}
+#endif
+
+bool tiles_ready() {
+#if defined(TIDE_GEMV_AMX)
+  return tiles_granted();
+#else
+  return false;
+#endif
+}
+
+int64_t gemv_max_rows() {
+#if defined(__AVX512BF16__)
+  return tiles_ready() ? kTileRows : kVectorRows;
+#else
+  return 0;
+#endif
+}
+
+at::Tensor gemv(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias, int64_t N,
+                bool tiles) {
+  const int64_t max_rows = tiles ? gemv_max_rows() : std::min(gemv_max_rows(), kVectorRows);
+  TORCH_CHECK(max_rows > 0, "gemv_bf16 needs AVX-512 BF16");
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && packed.scalar_type() == at::kBFloat16, "gemv_bf16 takes bfloat16");
+  TORCH_CHECK(packed.dim() == 5 && packed.size(0) % 2 == 0 && packed.size(2) == 16 && packed.size(3) == kCols &&
+                  packed.size(4) == 2 && packed.is_contiguous(),
+              "gemv_bf16 takes a weight from gemv_pack_bf16");
+  const int64_t M = x.size(0), K = packed.size(1) * 32, groups = packed.size(0);
+  TORCH_CHECK(x.dim() == 2 && x.size(1) == K, "x must be [M, ", K, "], got ", x.sizes());
+  TORCH_CHECK(M >= 1 && M <= max_rows, "gemv_bf16 takes 1..", max_rows, " rows, got ", M);
+  TORCH_CHECK(N > (groups - 2) * kCols && N <= groups * kCols, "N ", N, " does not match the packed weight");
+  auto xc = x.contiguous();
+  at::Tensor bc;
+  if (bias.has_value() && bias->defined()) {
+    TORCH_CHECK(bias->numel() == N && bias->scalar_type() == at::kBFloat16, "bias must be bfloat16 [N]");
+    bc = bias->contiguous();
+  }
+  auto y = at::empty({M, N}, x.options());
+#if defined(__AVX512BF16__)
+  const auto* xp = xc.data_ptr<at::BFloat16>();
+  const auto* wp = packed.data_ptr<at::BFloat16>();
+  const auto* bp = bc.defined() ? bc.data_ptr<at::BFloat16>() : nullptr;
+  auto* yp = y.data_ptr<at::BFloat16>();
+#if defined(TIDE_GEMV_AMX)
+  if (tiles && max_rows == kTileRows) {
+    at::parallel_for(0, groups / 2, 4, [&](int64_t p0, int64_t p1) { tile_pairs(xp, wp, bp, yp, M, N, K, p0, p1); });
+    return y;
+  }
+#endif
+  at::parallel_for(0, groups, 8, [&](int64_t g0, int64_t g1) {
+    if (M == 1) vector_groups<1>(xp, wp, bp, yp, N, K, g0, g1);
+    else vector_groups<2>(xp, wp, bp, yp, N, K, g0, g1);
+  });
+#endif
+  return y;
+}
+
+at::Tensor gemv_bf16(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias,
+                     int64_t N) {
+  return gemv(x, packed, bias, N, true);
+}
+
+at::Tensor gemv_bf16_vector(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias,
+                            int64_t N) {
+  return gemv(x, packed, bias, N, false);
+}
+
+}  // namespace
+
+namespace tide_ops {
+at::Tensor gemv_bf16(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias,
+                     int64_t N) {
+  TIDE_RECORD("gemv_bf16");
+  return ::gemv_bf16(x, packed, bias, N);
+}
+}  // namespace tide_ops
+
+TORCH_LIBRARY_FRAGMENT(tide, m) {
+  m.def("gemv_pack_bf16(Tensor w) -> Tensor");
+  m.def("gemv_bf16(Tensor x, Tensor packed, Tensor? bias, int N) -> Tensor");
+  m.def("gemv_bf16_vector(Tensor x, Tensor packed, Tensor? bias, int N) -> Tensor");
+  m.def("gemv_max_rows() -> int", &gemv_max_rows);
+}
+
+TORCH_LIBRARY_IMPL(tide, CPU, m) {
+  m.impl("gemv_pack_bf16", &gemv_pack_bf16);
+  m.impl("gemv_bf16", &gemv_bf16);
+  m.impl("gemv_bf16_vector", &gemv_bf16_vector);
+}
