@@ -48,6 +48,9 @@ class LocalFleet:
     def run(self) -> int:
         a, settings = self.args, self.settings
         signal.signal(signal.SIGTERM, lambda *_: self.stop.set())
+        # Started with SIGINT ignored (`tide up &` from a shell without job control), Python
+        # installs no KeyboardInterrupt handler and Ctrl-C's signal would be dropped.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         sup = self.supervisor
         try:
             if not settings.redis_url:

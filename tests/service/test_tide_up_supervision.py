@@ -23,13 +23,19 @@ from tests.service.procs import descendants, find
 pytestmark = pytest.mark.slow
 
 
-def start_up(tmp_path: Path, model: Path, port: int) -> subprocess.Popen[bytes]:
+def start_up(
+    tmp_path: Path, model: Path, port: int, sigint_ignored: bool = False
+) -> subprocess.Popen[bytes]:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TIDE_DATA_DIR": str(tmp_path / "data")}
     env.pop("REDIS_URL", None)
     argv = [sys.executable, "-m", "infra.cli", "up", "--workers", "1", "--port", str(port),
             "--model", str(model)]  # fmt: skip
     log = open(tmp_path / "up.log", "wb")  # noqa: SIM115 - lives with the process
-    return subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    # A shell without job control starts `cmd &` with SIGINT ignored, and the child
+    # inherits that: Python then installs no KeyboardInterrupt handler of its own.
+    ignore = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if sigint_ignored else None
+    return subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                            preexec_fn=ignore)  # fmt: skip
 
 
 def completes(url: str) -> bool:
@@ -74,6 +80,28 @@ def test_kill_9_of_each_child_is_survived_and_sigint_stops_the_tree(tmp_path, ti
         assert not left, f"processes outlived tide up: {left}"
     finally:
         if up.poll() is None:
+            up.kill()
+        print((tmp_path / "up.log").read_text()[-4000:])
+
+
+def test_sigint_stops_a_tide_up_started_with_sigint_ignored(tmp_path, tiny_path):
+    """`tide up &` from a script (or `make test` run in the background) inherits SIGINT
+    ignored; Ctrl-C's signal must still stop the tree, not be dropped."""
+    port = free_port()
+    up = start_up(tmp_path, tiny_path, port, sigint_ignored=True)
+    try:
+        wait_ready(f"http://127.0.0.1:{port}", timeout=120)
+        tree = descendants(up.pid)
+        os.kill(up.pid, signal.SIGINT)
+        assert up.wait(timeout=60) == 0
+        deadline = time.monotonic() + 30
+        while [p for p in tree if Path(f"/proc/{p}").exists()] and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not [p for p in tree if Path(f"/proc/{p}/cmdline").exists()]
+    finally:
+        if up.poll() is None:
+            for pid in descendants(up.pid):
+                os.kill(pid, signal.SIGKILL)
             up.kill()
         print((tmp_path / "up.log").read_text()[-4000:])
 
