@@ -56,6 +56,7 @@ HEADERS = (
     CSRC / "cpu_ops.h",
     CSRC / "kv_pack_bf16.h",
     CSRC / "online_softmax.h",
+    CSRC / "amx_tiles.h",
     CSRC / "amx_tile_pass.h",
     CSRC / "avx512_bf16_pass.h",
     CSRC / "attention_passes.h",

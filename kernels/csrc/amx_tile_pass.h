@@ -6,30 +6,18 @@
 
 #include "online_softmax.h"
 
-#if defined(TIDE_BF16_PAIRS) && defined(__AMX_BF16__) && defined(__AMX_TILE__)
+#include "amx_tiles.h"
+
+#if defined(TIDE_BF16_PAIRS) && defined(TIDE_AMX_TILES)
 #define TIDE_AMX 1
-#include <sys/syscall.h>
-#include <unistd.h>
 #endif
 
 namespace tide_attn {
 
 #if defined(TIDE_AMX)
 
-// Linux hands a process the AMX tile state only on request (arch_prctl
-// ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA); oneDNN asks too, asking twice is harmless.
-inline bool tiles_granted() {
-  static const bool granted = syscall(SYS_arch_prctl, 0x1023, 18) == 0;
-  return granted;
-}
-
-struct TileConfig {
-  uint8_t palette = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
+using tide_amx::tiles_granted;
+using tide_amx::TileConfig;
 
 inline void configure_tiles() {
   TileConfig cfg;

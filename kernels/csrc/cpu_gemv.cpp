@@ -29,10 +29,9 @@
 #if defined(__AVX512BF16__)
 #include <immintrin.h>
 #endif
-#if defined(__AVX512BF16__) && defined(__AMX_BF16__) && defined(__AMX_TILE__)
+#include "amx_tiles.h"
+#if defined(__AVX512BF16__) && defined(TIDE_AMX_TILES)
 #define TIDE_GEMV_AMX 1
-#include <sys/syscall.h>
-#include <unistd.h>
 #endif
 
 #include "cpu_ops.h"
@@ -108,19 +107,8 @@ void vector_groups(const at::BFloat16* x, const at::BFloat16* wp, const at::BFlo
 #endif
 
 #if defined(TIDE_GEMV_AMX)
-// Linux hands a process the AMX tile state only on request; asking twice is harmless.
-bool tiles_granted() {
-  static const bool granted = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18) == 0;
-  return granted;
-}
-
-struct TileConfig {
-  uint8_t palette = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
+using tide_amx::tiles_granted;
+using tide_amx::TileConfig;
 
 // Tiles for a pass of `rows` (1..32) rows: 0, 1 the rows' x (16, then the rest), 2, 3 the
 // two groups' weight blocks, 4-7 the sums (group 0: 4, 5; group 1: 6, 7; second tile
