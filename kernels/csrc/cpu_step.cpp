@@ -3,10 +3,11 @@
 // minus its ~15 dispatches per layer, so the logits are the same bit for bit.
 //
 //   tide::decode_layers(...)       one or two decode rows: the projections on the native GEMV
-//   tide::step_layers_packed(...)  more rows, decode rows and/or prefill chunks: the
-//                                  projections on oneDNN's packed matmul
-//                                  (mkldnn::_linear_pointwise, what kernels/linear.py calls),
-//                                  or the GEMV's where a step has few enough rows
+//   tide::step_layers_packed(...)  any other step the native kernels attend (decode rows
+//                                  and/or prefill chunks): the projections on the GEMV's
+//                                  weights where the step has few enough rows, else on
+//                                  oneDNN's packed matmul (mkldnn::_linear_pointwise, what
+//                                  kernels/linear.py calls)
 //
 // `layers` holds 6 tensors per layer: input_norm, qkv, o, post_norm, gate_up, down (the
 // projections in the layout their path takes); `qkv_bias` is empty or one tensor per
@@ -98,12 +99,12 @@ at::Tensor project(const at::Tensor& x, const at::Tensor& packed, const at::Tens
   return packed_linear(x, packed, bias, split);
 }
 
-// Any step the native kernels attend (decode rows first, then prefill chunks), with more
-// rows than decode_layers takes. `small` is empty or holds the GEMV weights of qkv, o,
+// Any step the native kernels attend (decode rows first, then prefill chunks) that
+// decode_layers does not take. `small` is empty or holds the GEMV weights of qkv, o,
 // gate_up and down per layer; with them, a step of up to small_rows rows projects on the
-// GEMV. hidden [rows, hidden] and positions [rows] come padded to the
-// packed matmul's row bucket; the first n = slot_mapping.size(0) rows are the step's, the
-// padding rows get zero attention output, as in the Python loop. Decode rows (rows
+// GEMV, unpadded. Larger steps come with hidden [rows, hidden] and positions [rows]
+// padded to the packed matmul's row bucket; the first n = slot_mapping.size(0) rows are
+// the step's, the padding rows get zero attention output, as in the Python loop. Decode rows (rows
 // 0 .. decode_lens.size(0)) attend through decode_tables: with shared > 0 their first
 // `shared` keys are the same cached blocks, attended once for all rows
 // (tide::decode_shared_prefix). Prefill chunks go to tide::prefill_attention_varlen with

@@ -229,13 +229,15 @@ def test_one_call_decode_step_equals_the_op_by_op_loop(tiny_path):
         engine = make_engine(tiny_path, dtype="bfloat16", num_kv_blocks=64)
         model = engine.runner.model
         assert model.decode_rows == 2
-        if not one_call:
+        if not one_call:  # neither whole-step call: the loop, op by op
             model.decode_rows = 0
+            model._packed_weights = []
         model.native = counting = RecordingOps()
         calls = record_logits(model)
         params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
         out = engine.generate([[1, 40, 41, 42], [1, 7, 8]], params)
         assert ("decode_layers" in counting.called) == one_call
+        assert one_call or "step_layers_packed" not in counting.called
         return [o.token_ids for o in out], calls
 
     assert_same_run(run(one_call=True), run(one_call=False), min_steps=10)

@@ -4,6 +4,7 @@ whole tree; a child that keeps dying makes `tide up` give up and exit non-zero."
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -31,11 +32,11 @@ def start_up(
     argv = [sys.executable, "-m", "infra.cli", "up", "--workers", "1", "--port", str(port),
             "--model", str(model)]  # fmt: skip
     log = open(tmp_path / "up.log", "wb")  # noqa: SIM115 - lives with the process
-    # A shell without job control starts `cmd &` with SIGINT ignored, and the child
-    # inherits that: Python then installs no KeyboardInterrupt handler of its own.
-    ignore = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if sigint_ignored else None
-    return subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-                            preexec_fn=ignore)  # fmt: skip
+    if sigint_ignored:
+        # As a shell without job control starts `cmd &`: SIGINT ignored, which the exec'd
+        # Python inherits (it then installs no KeyboardInterrupt handler of its own).
+        argv = ["sh", "-c", 'trap "" INT; exec "$@"', "sh", *argv]
+    return subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
 
 
 def completes(url: str) -> bool:
@@ -90,8 +91,11 @@ def test_sigint_stops_a_tide_up_started_with_sigint_ignored(tmp_path, tiny_path)
     port = free_port()
     up = start_up(tmp_path, tiny_path, port, sigint_ignored=True)
     try:
-        wait_ready(f"http://127.0.0.1:{port}", timeout=120)
+        url = f"http://127.0.0.1:{port}"
+        wait_ready(url, timeout=120)
+        wait_for(lambda: completes(url), 90, what="a first job")  # the worker is up too
         tree = descendants(up.pid)
+        assert any("infra.cli worker" in cmd for cmd in tree.values()), tree
         os.kill(up.pid, signal.SIGINT)
         assert up.wait(timeout=60) == 0
         deadline = time.monotonic() + 30
@@ -101,7 +105,8 @@ def test_sigint_stops_a_tide_up_started_with_sigint_ignored(tmp_path, tiny_path)
     finally:
         if up.poll() is None:
             for pid in descendants(up.pid):
-                os.kill(pid, signal.SIGKILL)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
             up.kill()
         print((tmp_path / "up.log").read_text()[-4000:])
 

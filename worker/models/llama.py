@@ -70,7 +70,8 @@ class LlamaModel:
         self._decode_weights: list[torch.Tensor] = []
         self._decode_biases: list[torch.Tensor] = []
         self._decode_layers_setup()
-        # Steps of more rows take step_layers_packed (oneDNN's packed weights).
+        # Other steps take step_layers_packed (oneDNN's packed weights, and the GEMV's for
+        # steps of up to small_rows rows).
         self._packed_weights: list[torch.Tensor] = []
         self._packed_biases: list[torch.Tensor] = []
         self._small_weights: list[torch.Tensor] = []
