@@ -54,6 +54,28 @@ def completes(url: str) -> bool:
     return False
 
 
+def sigint_stops_the_tree(up: subprocess.Popen[bytes], timeout: float) -> None:
+    """SIGINT to `tide up` alone (not its process group): it exits 0 and every process it
+    started is gone."""
+    tree = descendants(up.pid)
+    os.kill(up.pid, signal.SIGINT)
+    assert up.wait(timeout=timeout) == 0
+    deadline = time.monotonic() + 30
+    while [p for p in tree if Path(f"/proc/{p}").exists()] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = {p: c for p, c in tree.items() if Path(f"/proc/{p}/cmdline").exists()}
+    assert not left, f"processes outlived tide up: {left}"
+
+
+def kill_tree(up: subprocess.Popen[bytes]) -> None:
+    """After a failure: kill -9 whatever `tide up` still runs, then tide up."""
+    if up.poll() is None:
+        for pid in descendants(up.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        up.kill()
+
+
 def test_kill_9_of_each_child_is_survived_and_sigint_stops_the_tree(tmp_path, tiny_path):
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -71,17 +93,9 @@ def test_kill_9_of_each_child_is_survived_and_sigint_stops_the_tree(tmp_path, ti
             assert up.poll() is None, f"tide up exited after kill -9 of {needle}"
         # The worker rode out the Redis restart: same process.
         assert find(up.pid, "infra.cli worker") == worker
-        tree = descendants(up.pid)
-        os.kill(up.pid, signal.SIGINT)  # to tide up alone, not its process group
-        assert up.wait(timeout=120) == 0
-        deadline = time.monotonic() + 30
-        while [p for p in tree if Path(f"/proc/{p}").exists()] and time.monotonic() < deadline:
-            time.sleep(0.1)
-        left = {p: c for p, c in tree.items() if Path(f"/proc/{p}/cmdline").exists()}
-        assert not left, f"processes outlived tide up: {left}"
+        sigint_stops_the_tree(up, timeout=120)
     finally:
-        if up.poll() is None:
-            up.kill()
+        kill_tree(up)
         print((tmp_path / "up.log").read_text()[-4000:])
 
 
@@ -93,21 +107,11 @@ def test_sigint_stops_a_tide_up_started_with_sigint_ignored(tmp_path, tiny_path)
     try:
         url = f"http://127.0.0.1:{port}"
         wait_ready(url, timeout=120)
-        wait_for(lambda: completes(url), 90, what="a first job")  # the worker is up too
-        tree = descendants(up.pid)
-        assert any("infra.cli worker" in cmd for cmd in tree.values()), tree
-        os.kill(up.pid, signal.SIGINT)
-        assert up.wait(timeout=60) == 0
-        deadline = time.monotonic() + 30
-        while [p for p in tree if Path(f"/proc/{p}").exists()] and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not [p for p in tree if Path(f"/proc/{p}/cmdline").exists()]
+        wait_for(lambda: completes(url), 90, what="a first job")
+        assert find(up.pid, "infra.cli worker"), "the worker is in the tree that must go"
+        sigint_stops_the_tree(up, timeout=60)
     finally:
-        if up.poll() is None:
-            for pid in descendants(up.pid):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-            up.kill()
+        kill_tree(up)
         print((tmp_path / "up.log").read_text()[-4000:])
 
 
