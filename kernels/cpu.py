@@ -42,12 +42,13 @@ log = logging.getLogger(__name__)
 
 CSRC = Path(__file__).with_name("csrc")
 # One extension from these files: the elementwise/decode kernels, the small-batch GEMV (AMX
-# tiles or AVX-512 BF16), whole steps in one call, and attention on bf16 pairs (prefill
-# chunks; decode rows sharing a cached prefix: AMX tiles or AVX-512 BF16) with the headers
-# they include.
+# tiles or AVX-512 BF16) and the GEMM past it (AMX tiles), whole steps in one call, and
+# attention on bf16 pairs (prefill chunks; decode rows sharing a cached prefix: AMX tiles or
+# AVX-512 BF16) with the headers they include.
 SOURCES = (
     CSRC / "cpu_kernels.cpp",
     CSRC / "cpu_gemv.cpp",
+    CSRC / "cpu_gemm.cpp",
     CSRC / "cpu_step.cpp",
     CSRC / "cpu_prefill.cpp",
     CSRC / "cpu_shared_decode.cpp",
@@ -141,6 +142,12 @@ def gemv_max_rows() -> int:
     return int(native.gemv_max_rows()) if native is not None else 0
 
 
+def gemm_rows_ready() -> bool:
+    """The native bf16 GEMM (kernels/csrc/cpu_gemm.cpp) runs here: AMX tiles granted."""
+    native = ops()
+    return native is not None and bool(native.gemm_rows_ready())
+
+
 @functools.cache
 def native_prefill() -> bool:
     """The native bf16 prefill attention kernel runs here (kernels/csrc/cpu_prefill.cpp): on
@@ -165,6 +172,7 @@ def main() -> int:
         print(
             f"native CPU kernels: ready in {build_dir()} "
             f"(GEMV for up to {gemv_max_rows()} rows; 0 = this CPU lacks AVX-512 BF16; "
+            f"GEMM past them: {'AMX' if gemm_rows_ready() else 'oneDNN'}; "
             f"bf16 attention on {attention_pass_isa() or 'SDPA: no AMX or AVX-512 BF16'})"
         )
     return 0

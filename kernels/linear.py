@@ -1,15 +1,19 @@
 """Dense projections. On CPU in bfloat16, weights are pre-packed once.
 
-Two packed copies serve the two regimes of a decode engine:
+The two regimes of a decode engine:
 - up to ``gemv_max_rows()`` rows (decode batches: 64 on AMX, 2 with AVX-512 BF16 alone),
   the native GEMV of ``kernels/csrc/cpu_gemv.cpp`` streams its own layout at about the
   machine's plain read rate up to 32 rows, 1.2-1.7x oneDNN's packed matmul at 1-64 rows
   (``python scripts/bench_gemv.py``);
-- more rows (prefill chunks, mixed steps) go to oneDNN's packed matmul (AMX where
-  present), about a third faster than ``F.linear`` on plain tensors.
-The GEMV copy doubles the weight memory of a CPU worker; set ``TIDE_CPU_KERNELS=0`` to
-trade that latency for memory. Where the oneDNN op is missing or disagrees with
-``F.linear`` on a probe, the plain path is used; the choice is made once per process.
+- more rows (prefill chunks, mixed steps): on AMX, the native GEMM of
+  ``kernels/csrc/cpu_gemm.cpp`` on the same packed weight (one copy for every row count,
+  no padding), 1.4-1.5x oneDNN's packed matmul at 128 rows and level to 1.1x at 256-1,024
+  (``python scripts/bench_gemm.py``); elsewhere oneDNN's packed matmul (AVX-512 or AVX2),
+  about a third faster than ``F.linear`` on plain tensors.
+Without AMX the GEMV copy sits beside oneDNN's and doubles the weight memory of a CPU
+worker; set ``TIDE_CPU_KERNELS=0`` to trade that latency for memory. Where the oneDNN op
+is missing or disagrees with ``F.linear`` on a probe, the plain path is used; the choice
+is made once per process. The rest of this note is about oneDNN's path.
 
 oneDNN builds (JITs) a matmul for every new row count it sees, and a mixed step's row
 count is new almost every time: a first call at 400 rows took twice as long as the next
@@ -97,13 +101,18 @@ class Linear:
         if cpu_bf16 and self.in_features % 32 == 0 and cpu_kernels.gemv_max_rows() > 0:
             self.gemv_weight = cpu_kernels.ops().gemv_pack_bf16(weight)
             self.gemv_rows = cpu_kernels.gemv_max_rows()
+        # More rows on the native GEMM over the GEMV's weight (AMX): then it is the only copy.
+        self.gemm = self.gemv_weight is not None and cpu_kernels.gemm_rows_ready()
         cpu_fp32 = PACK_FLOAT32 and weight.device.type == "cpu" and weight.dtype == torch.float32
         self.packed = (
-            (cpu_bf16 or cpu_fp32)
+            not self.gemm
+            and (cpu_bf16 or cpu_fp32)
             and torch.backends.mkldnn.is_available()
             and _packed_linear_works(weight.dtype)
         )
-        if self.packed:
+        if self.gemm:
+            self.weight = self.gemv_weight  # what step_layers_packed takes (5-d: the GEMM's)
+        elif self.packed:
             self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, PACK_BATCH_HINT)
         else:
             self.weight = weight
@@ -112,6 +121,10 @@ class Linear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if 0 < x.shape[0] <= self.gemv_rows and x.dim() == 2:
             return cpu_kernels.ops().gemv_bf16(x, self.gemv_weight, self.bias, self.out_features)
+        if self.gemm:
+            rows = x.reshape(-1, self.in_features)
+            y = cpu_kernels.ops().gemm_bf16(rows, self.gemv_weight, self.bias, self.out_features)
+            return y.view(*x.shape[:-1], self.out_features)
         if self.packed:
             return self._packed(x)
         return F.linear(x, self.weight, self.bias)

@@ -29,5 +29,8 @@ void prefill_attention_varlen(const at::Tensor& q, const at::Tensor& k_cache, co
                               const at::Tensor& block_tables, int64_t first_row, double scale, at::Tensor& out);
 at::Tensor gemv_bf16(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias,
                      int64_t N);
+at::Tensor gemm_bf16(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias,
+                     int64_t N);
+bool gemm_rows_ready();
 
 }  // namespace tide_ops

@@ -6,8 +6,9 @@
 //   tide::step_layers_packed(...)  any other step the native kernels attend (decode rows
 //                                  and/or prefill chunks): the projections on the GEMV's
 //                                  weights where the step has few enough rows, else on
-//                                  oneDNN's packed matmul (mkldnn::_linear_pointwise, what
-//                                  kernels/linear.py calls)
+//                                  the AMX GEMM over the same weights (cpu_gemm.cpp) or,
+//                                  where Linear took oneDNN's path, its packed matmul
+//                                  (mkldnn::_linear_pointwise, what kernels/linear.py calls)
 //
 // `layers` holds 6 tensors per layer: input_norm, qkv, o, post_norm, gate_up, down (the
 // projections in the layout their path takes); `qkv_bias` is empty or one tensor per
@@ -91,24 +92,29 @@ at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& w, const c10::op
   return stack.back().toTensor();
 }
 
-// The projection a step of x's rows takes: the GEMV's weight (`small`, where given) up to
-// small_rows rows, as kernels/linear.py's Linear picks, else oneDNN's packed one.
-at::Tensor project(const at::Tensor& x, const at::Tensor& packed, const at::Tensor* small, int64_t small_rows,
-                   const c10::optional<at::Tensor>& bias, int64_t split) {
-  if (small != nullptr && x.size(0) <= small_rows) return tide_ops::gemv_bf16(x, *small, bias, packed.size(0));
-  return packed_linear(x, packed, bias, split);
+// The projection a step of x's rows takes, as kernels/linear.py's Linear picks: the GEMV's
+// weight (`small`, where given) up to small_rows rows; past them the AMX GEMM where `w` is
+// in the GEMV's layout too (5-d: Linear keeps no oneDNN copy then), else oneDNN's packed
+// matmul. N: the projection's output columns.
+at::Tensor project(const at::Tensor& x, const at::Tensor& w, const at::Tensor* small, int64_t small_rows,
+                   const c10::optional<at::Tensor>& bias, int64_t split, int64_t N) {
+  if (small != nullptr && x.size(0) <= small_rows) return tide_ops::gemv_bf16(x, *small, bias, N);
+  if (w.dim() == 5) return tide_ops::gemm_bf16(x, w, bias, N);
+  return packed_linear(x, w, bias, split);
 }
 
 // Any step the native kernels attend (decode rows first, then prefill chunks) that
 // decode_layers does not take. `small` is empty or holds the GEMV weights of qkv, o,
 // gate_up and down per layer; with them, a step of up to small_rows rows projects on the
-// GEMV, unpadded. Larger steps come with hidden [rows, hidden] and positions [rows]
-// padded to the packed matmul's row bucket; the first n = slot_mapping.size(0) rows are
-// the step's, the padding rows get zero attention output, as in the Python loop. Decode rows (rows
+// GEMV, unpadded. Larger steps on oneDNN's path come with hidden [rows, hidden] and
+// positions [rows] padded to the packed matmul's row bucket (on the GEMM's, unpadded); the
+// first n = slot_mapping.size(0) rows are the step's, the padding rows get zero attention
+// output, as in the Python loop. Decode rows (rows
 // 0 .. decode_lens.size(0)) attend through decode_tables: with shared > 0 their first
 // `shared` keys are the same cached blocks, attended once for all rows
 // (tide::decode_shared_prefix). Prefill chunks go to tide::prefill_attention_varlen with
-// the step's PrefillBatch. `splits` holds the row pieces of qkv, o, gate_up and down.
+// the step's PrefillBatch. `splits` holds the row pieces of qkv, o, gate_up and down on
+// oneDNN's path, `out_features` their output widths.
 at::Tensor step_layers_packed(const at::Tensor& hidden_in, const at::Tensor& positions, at::TensorList layers,
                               at::TensorList qkv_bias, at::TensorList k_caches, at::TensorList v_caches,
                               const at::Tensor& slot_mapping, const c10::optional<at::Tensor>& decode_tables,
@@ -116,7 +122,8 @@ at::Tensor step_layers_packed(const at::Tensor& hidden_in, const at::Tensor& pos
                               const c10::optional<at::Tensor>& prefill_query_start,
                               const c10::optional<at::Tensor>& prefill_start_pos,
                               const c10::optional<at::Tensor>& prefill_tables, int64_t prefill_first_row,
-                              at::IntArrayRef splits, at::TensorList small, int64_t small_rows,
+                              at::IntArrayRef splits, at::IntArrayRef out_features, at::TensorList small,
+                              int64_t small_rows,
                               const at::Tensor& cos, const at::Tensor& sin, int64_t num_heads,
                               int64_t num_kv_heads, int64_t head_dim, double eps, double scale) {
   const int64_t num_layers = static_cast<int64_t>(k_caches.size());
@@ -125,6 +132,7 @@ at::Tensor step_layers_packed(const at::Tensor& hidden_in, const at::Tensor& pos
   TORCH_CHECK(qkv_bias.empty() || static_cast<int64_t>(qkv_bias.size()) == num_layers,
               "step_layers_packed: qkv_bias must be empty or one per layer");
   TORCH_CHECK(splits.size() == 4, "step_layers_packed: splits holds 4 row pieces (qkv, o, gate_up, down)");
+  TORCH_CHECK(out_features.size() == 4, "step_layers_packed: out_features holds 4 widths (qkv, o, gate_up, down)");
   TORCH_CHECK(small.empty() || static_cast<int64_t>(small.size()) == 4 * num_layers,
               "step_layers_packed: small must be empty or hold 4 GEMV weights per layer");
   const bool has_decode = decode_lens.has_value() && decode_lens->defined();
@@ -147,7 +155,7 @@ at::Tensor step_layers_packed(const at::Tensor& hidden_in, const at::Tensor& pos
     const at::Tensor* sw = small.empty() ? nullptr : small.data() + 4 * l;
     auto proj = [&](const at::Tensor& in, int i, const c10::optional<at::Tensor>& b) {
       const int widx[4] = {1, 2, 4, 5};
-      return project(in, w[widx[i]], sw == nullptr ? nullptr : sw + i, small_rows, b, splits[i]);
+      return project(in, w[widx[i]], sw == nullptr ? nullptr : sw + i, small_rows, b, splits[i], out_features[i]);
     };
     at::Tensor x = delta.defined() ? tide_ops::add_rms_norm_(hidden, delta, w[0], eps)
                                    : tide_ops::rms_norm(hidden, w[0], eps);
@@ -192,7 +200,7 @@ TORCH_LIBRARY_FRAGMENT(tide, m) {
   m.def("step_layers_packed(Tensor hidden, Tensor positions, Tensor[] layers, Tensor[] qkv_bias, "
         "Tensor[] k_caches, Tensor[] v_caches, Tensor slot_mapping, Tensor? decode_tables, Tensor? decode_lens, "
         "int shared, Tensor? prefill_query_start, Tensor? prefill_start_pos, Tensor? prefill_tables, "
-        "int prefill_first_row, int[] splits, Tensor[] small, int small_rows, Tensor cos, Tensor sin, "
+        "int prefill_first_row, int[] splits, int[] out_features, Tensor[] small, int small_rows, Tensor cos, Tensor sin, "
         "int num_heads, int num_kv_heads, int head_dim, float eps, float scale) -> Tensor");
 }
 

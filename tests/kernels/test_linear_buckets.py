@@ -8,8 +8,16 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kernels import cpu as cpu_kernels
 from kernels import linear
 from kernels.linear import Linear, packed_row_buckets, packed_rows
+
+
+@pytest.fixture
+def onednn(monkeypatch):  # type: ignore[no-untyped-def]
+    """Linears built in the test take oneDNN's packed matmul past the GEMV, as on a CPU
+    without AMX (with AMX, bf16 takes the native GEMM there: no buckets, no pieces)."""
+    monkeypatch.setattr(cpu_kernels, "gemm_rows_ready", lambda: False)
 
 
 def test_every_row_count_lands_in_a_listed_bucket_close_above_it():
@@ -34,7 +42,10 @@ def test_buckets_cover_small_limits(max_rows):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("with_bias", [False, True])
-def test_padded_calls_match_f_linear_on_the_real_rows(dtype, with_bias):
+@pytest.mark.parametrize("matmul", ["default", "onednn"])
+def test_padded_calls_match_f_linear_on_the_real_rows(dtype, with_bias, matmul, request):
+    if matmul == "onednn":
+        request.getfixturevalue("onednn")
     gen = torch.Generator().manual_seed(11)
     w = torch.randn(80, 64, generator=gen).to(dtype)
     bias = torch.randn(80, generator=gen).to(dtype) if with_bias else None
@@ -52,7 +63,7 @@ def test_padded_calls_match_f_linear_on_the_real_rows(dtype, with_bias):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_calls_split_into_row_pieces_match_f_linear(dtype):
+def test_calls_split_into_row_pieces_match_f_linear(dtype, onednn):
     gen = torch.Generator().manual_seed(12)
     w = torch.randn(48, 32, generator=gen).to(dtype)
     layer = Linear(w, torch.randn(48, generator=gen).to(dtype))
@@ -84,7 +95,9 @@ class FakeClock:
         (lambda rows: 10.0 + rows, 0),  # a fixed cost per call: pieces lose
     ],
 )
-def test_choose_row_split_keeps_pieces_only_where_they_are_faster(monkeypatch, cost, expected):
+def test_choose_row_split_keeps_pieces_only_where_they_are_faster(
+    monkeypatch, cost, expected, onednn
+):
     clock = FakeClock(cost)
     monkeypatch.setattr(linear.time, "perf_counter", clock)
 
@@ -103,7 +116,7 @@ def test_choose_row_split_keeps_pieces_only_where_they_are_faster(monkeypatch, c
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
-def test_steps_padded_once_in_the_model_equal_projections_padded_each(tiny_path, dtype):
+def test_steps_padded_once_in_the_model_equal_projections_padded_each(tiny_path, dtype, onednn):
     """LlamaModel pads a step's rows to the packed matmul's bucket once (token 0 at position
     0, never attended) instead of each projection padding its input: the logits and tokens
     are bit for bit those of the per-projection padding."""

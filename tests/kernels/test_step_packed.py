@@ -1,7 +1,8 @@
 """tide::step_layers_packed: a step past decode_layers' rows (decode rows, prefill chunks,
 or both), every layer in one native call, its projections on the GEMV's weights up to its
-rows (bf16) and on oneDNN's packed weights past them, against the op-by-op Python loop it
-replaces (LlamaModel._forward_native): the same tokens and the same logits, bit for bit."""
+rows (bf16) and past them on the native GEMM (AMX) or oneDNN's packed weights, against the
+op-by-op Python loop it replaces (LlamaModel._forward_native): the same tokens and the same
+logits, bit for bit."""
 
 from __future__ import annotations
 
@@ -21,6 +22,16 @@ pytestmark = [
         reason="no oneDNN packed matmul in this torch",
     ),
 ]
+
+
+def take_onednn(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Engines built after this take oneDNN's packed matmul past the GEMV, as on a CPU
+    without AMX (on one with AMX, bf16 takes the native GEMM there by default)."""
+    monkeypatch.setattr(cpu_kernels, "gemm_rows_ready", lambda: False)
+
+
+def native_gemm_here() -> bool:
+    return ops is not None and cpu_kernels.gemm_rows_ready()
 
 
 class Spy:
@@ -44,6 +55,8 @@ def run(path, dtype: str, prompts: list[list[int]], one_call: bool, warm: list[i
     if dtype == "bfloat16" and not _packed_linear_works(torch.bfloat16):
         pytest.skip("no oneDNN packed bf16 matmul here")
     assert model._packed_weights, "the packed one-call step was not set up"
+    gemm = dtype == "bfloat16" and cpu_kernels.gemm_rows_ready()
+    assert all(lin.gemm == gemm for lay in model.layers for lin in (lay.qkv, lay.down))
     if not one_call:
         model._packed_weights = []
     params = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
@@ -66,11 +79,15 @@ def run(path, dtype: str, prompts: list[list[int]], one_call: bool, warm: list[i
 step_kinds: set[tuple[bool, bool]] = set()  # (decode rows, prefill chunks) of the one-call steps
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_one_call_packed_step_equals_the_op_by_op_loop(tiny_path, dtype):
+@pytest.mark.parametrize(
+    ("dtype", "matmul"), [("float32", "onednn"), ("bfloat16", "native"), ("bfloat16", "onednn")]
+)
+def test_one_call_packed_step_equals_the_op_by_op_loop(tiny_path, dtype, matmul, monkeypatch):
     """Five rows of different lengths: in float32 padded to the packed bucket (8), the
     padding rows never written to the cache nor attended; in bf16 on the GEMV's weights
-    where it takes five rows (AMX), unpadded."""
+    where it takes five rows (AMX), unpadded, and past them on the GEMM or oneDNN's."""
+    if matmul == "onednn":
+        take_onednn(monkeypatch)
     prompts = [[1, *range(10, 10 + n)] for n in (3, 17, 40, 9, 26)]
     a = run(tiny_path, dtype, prompts, one_call=True)
     b = run(tiny_path, dtype, prompts, one_call=False)
@@ -103,18 +120,24 @@ def test_rows_sharing_a_cached_prefix_take_the_shared_kernel(monkeypatch):
     assert_same_run(a, b, min_steps=8)
 
 
-def test_mixed_steps_and_row_pieces_equal_the_op_by_op_loop():
+@pytest.mark.parametrize("matmul", ["native", "onednn"])
+def test_mixed_steps_and_row_pieces_equal_the_op_by_op_loop(matmul, monkeypatch):
     """Prefill chunks beside decode rows (bf16, head_dim 32: the native prefill kernel), a
-    700-token prompt in one step, and every projection forced into 256-row pieces."""
+    700-token prompt in one step, on the native GEMM (AMX) or oneDNN's packed matmul with
+    every projection also forced into 256-row pieces."""
     from kernels.attention import native_prefill
     from worker.models.resolve import resolve_model_path
 
     if not native_prefill(torch.bfloat16, 32):
         pytest.skip("no AMX or AVX-512 BF16: prefill chunks take SDPA here")
+    if matmul == "native" and not native_gemm_here():
+        pytest.skip("no AMX here: no native GEMM")
+    if matmul == "onednn":
+        take_onednn(monkeypatch)
     path = resolve_model_path("dummy:small")
     prompts = [[1, *((5 * i + n) % 250 + 4 for i in range(n))] for n in (700, 6, 90, 13, 300)]
     step_kinds.clear()
-    for split in (0, 256):
+    for split in (0, 256) if matmul == "onednn" else (0,):
         a = run(path, "bfloat16", prompts, one_call=True, split=split, max_num_batched_tokens=1024)
         b = run(path, "bfloat16", prompts, one_call=False, split=split, max_num_batched_tokens=1024)
         assert_same_run(a, b, min_steps=8)
@@ -131,7 +154,8 @@ def test_more_decode_rows_than_padded_rows_is_refused(tiny_path):
             torch.zeros(8, cfg.hidden_size), torch.zeros(8, dtype=torch.long),
             model._packed_weights, [], [k for k, _ in kv][:layers], [v for _, v in kv][:layers],
             torch.zeros(9, dtype=torch.long), torch.zeros(9, 4, dtype=torch.long),
-            torch.ones(9, dtype=torch.int32), 0, None, None, None, 0, [0, 0, 0, 0], [], 0,
+            torch.ones(9, dtype=torch.int32), 0, None, None, None, 0, [0, 0, 0, 0], [1, 1, 1, 1],
+            [], 0,
             model.rope.cos, model.rope.sin, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
             1e-5, 0.25,
         )  # fmt: skip

@@ -126,10 +126,11 @@ class ModelRunner:
             # without this, 146-150 ms with it).
             self.profile_run()
             log.info(
-                "CPU matmuls built for every row bucket (in row pieces past %d rows: %s) and "
-                "the largest steps run in %.2f s",
-                SPLIT_ROWS,
-                ", ".join(split) or "none",
+                "CPU matmuls ready (%s) and the largest steps run in %.2f s",
+                "native AMX GEMM past the GEMV: nothing to build"
+                if model.layers[0].qkv.gemm
+                else f"oneDNN built for every row bucket, in row pieces past {SPLIT_ROWS} "
+                f"rows: {', '.join(split) or 'none'}",
                 time.perf_counter() - started,
             )
         self.graphs: DecodeGraphs | None = None

@@ -70,8 +70,8 @@ class LlamaModel:
         self._decode_weights: list[torch.Tensor] = []
         self._decode_biases: list[torch.Tensor] = []
         self._decode_layers_setup()
-        # Other steps take step_layers_packed (oneDNN's packed weights, and the GEMV's for
-        # steps of up to small_rows rows).
+        # Other steps take step_layers_packed (the GEMM's or oneDNN's packed weights, and
+        # the GEMV's for steps of up to small_rows rows).
         self._packed_weights: list[torch.Tensor] = []
         self._packed_biases: list[torch.Tensor] = []
         self._small_weights: list[torch.Tensor] = []
@@ -136,12 +136,12 @@ class LlamaModel:
         self.decode_rows = min(self.small_rows, DECODE_LAYERS_ROWS)
 
     def _packed_step_setup(self) -> None:
-        """Weights for the one-call step on the packed matmul (``tide::step_layers_packed``):
-        every projection on oneDNN's packed path, with the same GEMV row limit, and no bias
-        but the qkv one; with the GEMV's weights too where decode_layers has them, for steps
-        of up to small_rows rows."""
+        """Weights for the one-call step on the packed matmuls (``tide::step_layers_packed``):
+        every projection on the native GEMM (AMX: its weight is the GEMV's) or oneDNN's
+        packed path, with the same GEMV row limit, and no bias but the qkv one; with the
+        GEMV's weights too where decode_layers has them, for steps of up to small_rows rows."""
         linears = [lin for lay in self.layers for lin in (lay.qkv, lay.o, lay.gate_up, lay.down)]
-        if self.native is None or not all(lin.packed for lin in linears):
+        if self.native is None or not all(lin.packed or lin.gemm for lin in linears):
             return
         if len({lin.gemv_rows for lin in linears}) != 1:
             return
@@ -251,7 +251,9 @@ class LlamaModel:
             shared = cpp_decode_shared_tokens(self.dtype, hd, group, kv_caches[0][0].shape[2])
         batch = meta.prefill_batch if meta.prefills else None
         lay = self.layers[0]
-        splits = [lin.split_rows for lin in (lay.qkv, lay.o, lay.gate_up, lay.down)]
+        projections = (lay.qkv, lay.o, lay.gate_up, lay.down)
+        splits = [lin.split_rows for lin in projections]
+        widths = [lin.out_features for lin in projections]
         return self.native.step_layers_packed(
             hidden, positions, self._packed_weights, self._packed_biases,
             [k for k, _ in kv_caches], [v for _, v in kv_caches], meta.slot_mapping,
@@ -260,7 +262,8 @@ class LlamaModel:
             None if batch is None else batch.query_start,
             None if batch is None else batch.start_pos,
             None if batch is None else batch.block_tables,
-            0 if batch is None else batch.first_row, splits, self._small_weights, self.small_rows,
+            0 if batch is None else batch.first_row, splits, widths, self._small_weights,
+            self.small_rows,
             self.rope.cos, self.rope.sin, cfg.num_heads, cfg.num_kv_heads, hd,
             cfg.rms_norm_eps, self.scale,
         )  # fmt: skip

@@ -1,0 +1,97 @@
+#!/usr/bin/env python3
+"""Projections past the GEMV's rows: the native AMX GEMM against oneDNN's packed matmul.
+
+For each row count, each projection shape of ``dummy:bench`` (qkv, o, gate|up, down, their
+9 layers' weights streamed from memory as a step streams them) runs through
+``tide::gemm_bf16`` on the GEMV's packed weight and through oneDNN's packed matmul at its
+row bucket (what kernels/linear.py ran before the GEMM: weights packed for 64 rows, rows
+padded to a multiple of 64), alternating; reported per shape: TFLOP/s of each (best of the
+repeats) and their ratio. Compare ratios, not rates: the machine is shared.
+
+    python scripts/bench_gemm.py
+    python scripts/bench_gemm.py --rows 96,1024 --repeats 9
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")  # as `tide` does, before torch loads
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from kernels import cpu as cpu_kernels
+from kernels.linear import PACK_BATCH_HINT, packed_rows
+
+# dummy:bench's fused projections (out, in).
+SHAPES = {"qkv": (1536, 1024), "o": (1024, 1024), "gate_up": (5632, 1024), "down": (1024, 2816)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
+    parser.add_argument("--rows", default="128,256,512,1024", help="comma-separated row counts")
+    parser.add_argument("--layers", type=int, default=9)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    ops = cpu_kernels.ops()
+    if ops is None or not cpu_kernels.gemm_rows_ready():
+        raise SystemExit("no native GEMM here (it needs AMX tiles and the native kernels)")
+    gen = torch.Generator().manual_seed(0)
+    weights = {
+        name: [(torch.randn(n, k, generator=gen) * 0.05).to(torch.bfloat16)
+               for _ in range(args.layers)]
+        for name, (n, k) in SHAPES.items()
+    }  # fmt: skip
+    onednn = {
+        name: [torch.ops.mkldnn._reorder_linear_weight(w, PACK_BATCH_HINT) for w in ws]
+        for name, ws in weights.items()
+    }
+    native = {name: [ops.gemv_pack_bf16(w) for w in ws] for name, ws in weights.items()}
+
+    def best(step) -> float:  # type: ignore[no-untyped-def]
+        step()
+        times = []
+        for _ in range(args.repeats):
+            started = time.perf_counter()
+            step()
+            times.append(time.perf_counter() - started)
+        return min(times)
+
+    results: dict[str, dict[str, dict[str, float]]] = {}
+    for rows in (int(r) for r in args.rows.split(",")):
+        cells, row = [], {}
+        for name, (n, k) in SHAPES.items():
+            x = torch.randn(rows, k, generator=gen).to(torch.bfloat16)
+            padded = torch.cat([x, x.new_zeros(packed_rows(rows) - rows, k)])
+
+            def run_onednn(name: str = name, padded: torch.Tensor = padded) -> None:
+                for w in onednn[name]:
+                    torch.ops.mkldnn._linear_pointwise(padded, w, None, "none", [], "")
+
+            def run_gemm(name: str = name, x: torch.Tensor = x, n: int = n) -> None:
+                for w in native[name]:
+                    ops.gemm_bf16(x, w, None, n)
+
+            a, b = best(run_onednn), best(run_gemm)
+            a, b = min(a, best(run_onednn)), min(b, best(run_gemm))  # alternate twice
+            flops = 2.0 * rows * n * k * args.layers
+            row[name] = {"onednn_tflops": flops / a / 1e12, "gemm_tflops": flops / b / 1e12}
+            cells.append(f"{name} {flops / a / 1e12:.2f} / {flops / b / 1e12:.2f} ({a / b:.2f}x)")
+        results[str(rows)] = row
+        print(f"rows {rows}: " + " | ".join(cells) + "   (oneDNN / GEMM TFLOP/s)", flush=True)
+    print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()
