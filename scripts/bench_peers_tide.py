@@ -34,11 +34,12 @@ from infra.plan.roofline import DevicePeaks, ModelCost, run_roofline_seconds
 from infra.stats import percentile
 from worker.engine import LLMEngine, SamplingParams
 
-# tide::gemv_bf16 counts as a matmul, tide::decode_shared_prefix as attention. The whole-step
-# calls (tide::decode_layers, tide::step_layers_packed) record each kernel they call under its
-# own name, so only their glue (views, copies) is left in their self time: other ops.
+# tide::gemv_bf16 and tide::gemm_bf16 count as matmuls, tide::decode_shared_prefix as
+# attention. The whole-step calls (tide::decode_layers, tide::step_layers_packed) record each
+# kernel they call under its own name, so only their glue (views, copies) is left in their
+# self time: other ops.
 MATMUL = ("aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear", "mkldnn",
-          "gemv")  # fmt: skip
+          "gemv", "gemm")  # fmt: skip
 ATTENTION = ("attention", "sdpa", "scaled_dot_product", "write_kv_cache", "flash", "shared_prefix")
 
 

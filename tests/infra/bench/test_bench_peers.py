@@ -53,14 +53,16 @@ def test_tide_runner_reports_tokens_ttft_and_splits(tmp_path, tiny_path):
 
 
 def test_every_native_op_lands_in_its_kind():
-    """The shared-prefix decode kernel is attention (it once fell into other_ops); the
-    whole-step calls record their kernels under the kernels' names (tests/kernels/
-    test_step_packed.py), so only their own glue is other_ops."""
+    """The shared-prefix decode kernel is attention (it once fell into other_ops), the GEMM
+    a matmul (it did too, its first day); the whole-step calls record their kernels under
+    the kernels' names (tests/kernels/test_step_packed.py), so only their own glue is
+    other_ops."""
     from bench_peers_tide import op_kind
 
     kinds = {
         "mkldnn::_linear_pointwise": "matmul",
         "tide::gemv_bf16": "matmul",
+        "tide::gemm_bf16": "matmul",
         "tide::decode_layers": "other_ops",
         "tide::step_layers_packed": "other_ops",
         "tide::prefill_attention_varlen": "attention",
