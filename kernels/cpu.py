@@ -55,6 +55,7 @@ SOURCES = (
 )
 HEADERS = (
     CSRC / "cpu_ops.h",
+    CSRC / "packed_weight.h",
     CSRC / "kv_pack_bf16.h",
     CSRC / "online_softmax.h",
     CSRC / "amx_tiles.h",

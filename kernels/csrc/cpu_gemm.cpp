@@ -1,6 +1,6 @@
 // Projections of many rows on AMX tiles: y = x W^T (+ b) for prefill chunks and mixed
-// steps, on the GEMV's weight (cpu_gemv.cpp's layout: 16 output columns by 32 K per 1 KB
-// block, the tile's right operand), so one packed copy serves every row count.
+// steps, on the GEMV's weight (packed_weight.h: 16 output columns by 32 K per 1 KB block,
+// the tile's right operand), so one packed copy serves every row count.
 //
 //   tide::gemm_bf16(x, packed, bias, N)  any number of rows of bf16 activations
 //   tide::gemm_rows_ready()              whether this build and CPU run it (AMX tiles)
@@ -29,11 +29,12 @@
 #endif
 
 #include "cpu_ops.h"
+#include "packed_weight.h"
 
 namespace {
 
-constexpr int64_t kCols = 16;                // output columns per group
-constexpr int64_t kBlock = kCols * 32;       // bf16 per (group, 32 K) weight block: 1 KB
+using tide_packed::kBlock;
+using tide_packed::kCols;
 constexpr int64_t kKBlock = 8;               // 32-K steps per K block: 2 x 8 KB of weight
 constexpr int64_t kChunkBytes = 1 << 20;     // x rows per chunk: this many bytes of x
 
@@ -52,16 +53,7 @@ void configure_tiles() {
   _tile_loadconfig(&cfg);
 }
 
-// y[row, n0 .. n0 + 16) = bf16(sums + bias).
-inline void store_row(__m512 acc, const at::BFloat16* bias, at::BFloat16* y_row, int64_t N, int64_t n0) {
-  const __mmask16 mask = N - n0 >= kCols ? __mmask16(0xFFFF) : __mmask16((1u << (N - n0)) - 1);
-  if (bias) {
-    const __m256i b = _mm256_maskz_loadu_epi16(mask, bias + n0);
-    acc = _mm512_add_ps(acc, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16)));
-  }
-  const __m256bh r = _mm512_cvtneps_pbh(acc);
-  _mm256_mask_storeu_epi16(y_row + n0, mask, reinterpret_cast<const __m256i&>(r));
-}
+using tide_packed::store_row;
 
 struct Operands {
   const at::BFloat16* x;     // [M, K] row-major
@@ -209,16 +201,12 @@ bool gemm_rows_ready() {
 at::Tensor gemm_bf16(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias,
                      int64_t N) {
   TORCH_CHECK(gemm_rows_ready(), "gemm_bf16 needs AMX tiles");
-  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && packed.scalar_type() == at::kBFloat16, "gemm_bf16 takes bfloat16");
-  TORCH_CHECK(packed.dim() == 5 && packed.size(0) % 2 == 0 && packed.size(2) == 16 && packed.size(3) == kCols &&
-                  packed.size(4) == 2 && packed.is_contiguous(),
-              "gemm_bf16 takes a weight from gemv_pack_bf16");
-  const int64_t M = x.size(0), K = packed.size(1) * 32, groups = packed.size(0);
-  TORCH_CHECK(x.dim() == 2 && x.size(1) == K, "x must be [M, ", K, "], got ", x.sizes());
-  TORCH_CHECK(N > (groups - 2) * kCols && N <= groups * kCols, "N ", N, " does not match the packed weight");
+  tide_packed::check_operands("gemm_bf16", x, packed, N);
+  const int64_t M = x.size(0);
   auto y = at::empty({M, N}, x.options());
   if (M == 0) return y;
 #if defined(TIDE_GEMM_AMX)
+  const int64_t K = packed.size(1) * 32, groups = packed.size(0);
   auto xc = x.contiguous();
   at::Tensor bc;
   if (bias.has_value() && bias->defined()) {

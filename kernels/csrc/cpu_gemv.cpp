@@ -7,10 +7,9 @@
 //   tide::gemv_bf16_vector(...)        gemv_bf16 on the AVX-512 path whatever the CPU has
 //                                      (what a CPU without AMX runs; tests hold it to F.linear)
 //
-// The layout is the AMX tile's right operand: 16 output columns by 32 K in one 1 KB block,
-// K in pairs (the VNNI order tdpbf16ps and vdpbf16ps read):
-//   packed[g][k / 32][(k % 32) / 2][n % 16][k % 2],  g = n / 16 (zero rows up to an even g)
-// so a thread's share of the weight is one sequential stream of 1 KB blocks.
+// The layout (packed_weight.h; the GEMM of cpu_gemm.cpp reads it too) is the AMX tile's
+// right operand, 16 output columns by 32 K per 1 KB block, so a thread's share of the
+// weight is one sequential stream of 1 KB blocks.
 //
 // On AMX each thread takes two column groups at a time: per 32 K, two weight tiles from
 // memory (prefetched), the rows' tiles (16 rows each) from cache, and up to four tdpbf16ps;
@@ -35,11 +34,12 @@
 #endif
 
 #include "cpu_ops.h"
+#include "packed_weight.h"
 
 namespace {
 
-constexpr int64_t kCols = 16;          // output columns per group
-constexpr int64_t kBlock = kCols * 32;  // bf16 per (group, 32 K) block: 1 KB
+using tide_packed::kBlock;
+using tide_packed::kCols;
 constexpr int64_t kPrefetch = 2048;     // bytes ahead of the weight stream
 constexpr int64_t kVectorRows = 2;      // rows the vdpbf16ps path takes
 constexpr int64_t kTileRows = 64;       // rows the AMX path takes
@@ -55,20 +55,7 @@ at::Tensor gemv_pack_bf16(const at::Tensor& w) {
 }
 
 #if defined(__AVX512BF16__)
-inline __mmask16 column_mask(int64_t N, int64_t n0) {
-  return N - n0 >= kCols ? __mmask16(0xFFFF) : __mmask16((1u << (N - n0)) - 1);
-}
-
-// y[m, n0 .. n0 + 16) = bf16(acc + bias) for one row.
-inline void store_row(__m512 acc, const at::BFloat16* bias, at::BFloat16* y_row, int64_t N, int64_t n0) {
-  const __mmask16 mask = column_mask(N, n0);
-  if (bias) {
-    const __m256i b = _mm256_maskz_loadu_epi16(mask, bias + n0);
-    acc = _mm512_add_ps(acc, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16)));
-  }
-  const __m256bh r = _mm512_cvtneps_pbh(acc);
-  _mm256_mask_storeu_epi16(y_row + n0, mask, reinterpret_cast<const __m256i&>(r));
-}
+using tide_packed::store_row;
 
 inline void prefetch_block(const at::BFloat16* block) {
   const char* p = reinterpret_cast<const char*>(block) + kPrefetch;
@@ -217,14 +204,10 @@ at::Tensor gemv(const at::Tensor& x, const at::Tensor& packed, const c10::option
                 bool tiles) {
   const int64_t max_rows = tiles ? gemv_max_rows() : std::min(gemv_max_rows(), kVectorRows);
   TORCH_CHECK(max_rows > 0, "gemv_bf16 needs AVX-512 BF16");
-  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && packed.scalar_type() == at::kBFloat16, "gemv_bf16 takes bfloat16");
-  TORCH_CHECK(packed.dim() == 5 && packed.size(0) % 2 == 0 && packed.size(2) == 16 && packed.size(3) == kCols &&
-                  packed.size(4) == 2 && packed.is_contiguous(),
-              "gemv_bf16 takes a weight from gemv_pack_bf16");
-  const int64_t M = x.size(0), K = packed.size(1) * 32, groups = packed.size(0);
-  TORCH_CHECK(x.dim() == 2 && x.size(1) == K, "x must be [M, ", K, "], got ", x.sizes());
+  tide_packed::check_operands("gemv_bf16", x, packed, N);
+  const int64_t M = x.size(0);
+  [[maybe_unused]] const int64_t K = packed.size(1) * 32, groups = packed.size(0);  // unused without BF16
   TORCH_CHECK(M >= 1 && M <= max_rows, "gemv_bf16 takes 1..", max_rows, " rows, got ", M);
-  TORCH_CHECK(N > (groups - 2) * kCols && N <= groups * kCols, "N ", N, " does not match the packed weight");
   auto xc = x.contiguous();
   at::Tensor bc;
   if (bias.has_value() && bias->defined()) {

@@ -1,0 +1,48 @@
+// The packed weight the GEMV (cpu_gemv.cpp) and the GEMM (cpu_gemm.cpp) both read, and
+// what each does with its sums: the layout is the AMX tile's right operand, 16 output
+// columns by 32 K in one 1 KB block, K in pairs (the VNNI order tdpbf16ps and vdpbf16ps
+// read):
+//   packed[g][k / 32][(k % 32) / 2][n % 16][k % 2],  g = n / 16 (zero rows up to an even g)
+// built by tide::gemv_pack_bf16.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#if defined(__AVX512BF16__)
+#include <immintrin.h>
+#endif
+
+namespace tide_packed {
+
+constexpr int64_t kCols = 16;          // output columns per group
+constexpr int64_t kBlock = kCols * 32;  // bf16 per (group, 32 K) block: 1 KB
+
+// Checks that `packed` came from gemv_pack_bf16 for an N-column weight and x is [M, K].
+inline void check_operands(const char* op, const at::Tensor& x, const at::Tensor& packed, int64_t N) {
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && packed.scalar_type() == at::kBFloat16, op, " takes bfloat16");
+  TORCH_CHECK(packed.dim() == 5 && packed.size(0) % 2 == 0 && packed.size(2) == 16 && packed.size(3) == kCols &&
+                  packed.size(4) == 2 && packed.is_contiguous(),
+              op, " takes a weight from gemv_pack_bf16");
+  const int64_t K = packed.size(1) * 32, groups = packed.size(0);
+  TORCH_CHECK(x.dim() == 2 && x.size(1) == K, "x must be [M, ", K, "], got ", x.sizes());
+  TORCH_CHECK(N > (groups - 2) * kCols && N <= groups * kCols, "N ", N, " does not match the packed weight");
+}
+
+#if defined(__AVX512BF16__)
+inline __mmask16 column_mask(int64_t N, int64_t n0) {
+  return N - n0 >= kCols ? __mmask16(0xFFFF) : __mmask16((1u << (N - n0)) - 1);
+}
+
+// y[m, n0 .. n0 + 16) = bf16(acc + bias) for one row: the one rounding of fp32 sums.
+inline void store_row(__m512 acc, const at::BFloat16* bias, at::BFloat16* y_row, int64_t N, int64_t n0) {
+  const __mmask16 mask = column_mask(N, n0);
+  if (bias) {
+    const __m256i b = _mm256_maskz_loadu_epi16(mask, bias + n0);
+    acc = _mm512_add_ps(acc, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16)));
+  }
+  const __m256bh r = _mm512_cvtneps_pbh(acc);
+  _mm256_mask_storeu_epi16(y_row + n0, mask, reinterpret_cast<const __m256i&>(r));
+}
+#endif
+
+}  // namespace tide_packed
