@@ -7,7 +7,8 @@ The two regimes of a decode engine:
   (``python scripts/bench_gemv.py``);
 - more rows (prefill chunks, mixed steps): on AMX, the native GEMM of
   ``kernels/csrc/cpu_gemm.cpp`` on the same packed weight (one copy for every row count,
-  no padding), 1.4-1.5x oneDNN's packed matmul at 128 rows and level to 1.1x at 256-1,024
+  no padding), 1.4-1.8x oneDNN's packed matmul at 96 rows, 1.2-1.5x at 128, about level
+  (0.9-1.35x) at 256-1,024 and 2x where oneDNN falls off its cliff
   (``python scripts/bench_gemm.py``); elsewhere oneDNN's packed matmul (AVX-512 or AVX2),
   about a third faster than ``F.linear`` on plain tensors.
 Without AMX the GEMV copy sits beside oneDNN's and doubles the weight memory of a CPU

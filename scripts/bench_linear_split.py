@@ -6,7 +6,9 @@ its weights streamed from memory as a step streams them), a pass over every laye
 ROWS rows in one oneDNN call each against the same pass in ``SPLIT_ROWS``-row pieces,
 alternating, with the engine's allocator settings (worker/engine/host_memory.py). Prints
 the best time of each and the median of the per-pass ratios, and what the model loader's
-``choose_row_split`` picks for the shape on this machine. Compare ratios, not times.
+``choose_row_split`` picks for the shape on this machine. Compare ratios, not times. On
+AMX the engine's bf16 projections take the native GEMM, not oneDNN; this script times
+oneDNN's path regardless (what CPUs without AMX run, and float32 everywhere).
 
     python scripts/bench_linear_split.py
     python scripts/bench_linear_split.py --rows 768 --repeats 9
@@ -27,6 +29,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from kernels import cpu as cpu_kernels
 from kernels import linear
 from kernels.linear import Linear
 from worker.engine.host_memory import keep_step_buffers
@@ -65,6 +68,10 @@ def main() -> None:
     gen = torch.Generator().manual_seed(0)
     print(f"{args.model}: {cfg.num_layers} layers, {args.rows} rows, pieces of "
           f"{linear.SPLIT_ROWS}, {args.threads} threads")  # fmt: skip
+    # Time oneDNN's path: on AMX, bf16 projections take the native GEMM instead.
+    cpu_kernels.gemm_rows_ready = lambda: False
+    # Time oneDNN's path: on AMX, bf16 projections take the native GEMM instead.
+    cpu_kernels.gemm_rows_ready = lambda: False
     for name, (out_f, in_f) in shapes.items():
         layers = [
             Linear((torch.randn(out_f, in_f, generator=gen) * 0.02).to(torch.bfloat16))
