@@ -70,8 +70,6 @@ def main() -> None:
           f"{linear.SPLIT_ROWS}, {args.threads} threads")  # fmt: skip
     # Time oneDNN's path: on AMX, bf16 projections take the native GEMM instead.
     cpu_kernels.gemm_rows_ready = lambda: False
-    # Time oneDNN's path: on AMX, bf16 projections take the native GEMM instead.
-    cpu_kernels.gemm_rows_ready = lambda: False
     for name, (out_f, in_f) in shapes.items():
         layers = [
             Linear((torch.randn(out_f, in_f, generator=gen) * 0.02).to(torch.bfloat16))

@@ -17,16 +17,6 @@ namespace tide_attn {
 #if defined(TIDE_AMX)
 
 using tide_amx::tiles_granted;
-using tide_amx::TileConfig;
-
-inline void configure_tiles() {
-  TileConfig cfg;
-  for (int t = 0; t < 8; ++t) {
-    cfg.colsb[t] = 64;
-    cfg.rows[t] = 16;
-  }
-  _tile_loadconfig(&cfg);
-}
 
 // S (16 x 64) = Q K^T for one key block, into s.
 inline void tile_scores(const at::BFloat16* qt, int64_t D, const Packed& kv, int64_t h, int64_t kb, float* s) {
@@ -101,7 +91,7 @@ inline void accumulate_in_memory(float* o, int64_t D, const at::BFloat16* pb, co
 template <int DV>
 struct AmxPass {
   struct Thread {  // every thread that runs tasks configures its tiles, and frees them
-    Thread() { configure_tiles(); }
+    Thread() { tide_amx::configure_full_tiles(); }
     ~Thread() { _tile_release(); }
   };
   static void start(float* o, int64_t D) {

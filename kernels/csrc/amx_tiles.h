@@ -29,6 +29,21 @@ struct TileConfig {
   uint8_t rows[16] = {};
 };
 
+// All eight tiles at their full 16 rows x 64 bytes, the shape every kernel here starts from.
+inline TileConfig full_tiles() {
+  TileConfig cfg;
+  for (int t = 0; t < 8; ++t) {
+    cfg.colsb[t] = 64;
+    cfg.rows[t] = 16;
+  }
+  return cfg;
+}
+
+inline void configure_full_tiles() {
+  const TileConfig cfg = full_tiles();
+  _tile_loadconfig(&cfg);
+}
+
 }  // namespace tide_amx
 
 #endif

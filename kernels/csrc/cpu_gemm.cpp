@@ -40,18 +40,6 @@ constexpr int64_t kChunkBytes = 1 << 20;     // x rows per chunk: this many byte
 
 #if defined(TIDE_GEMM_AMX)
 using tide_amx::tiles_granted;
-using tide_amx::TileConfig;
-
-// All eight tiles 16 x 64 bytes: 0, 1 rows of x; 2, 3 the pair's weight blocks; 4-7 sums
-// (4, 6: rows 0-15 of groups 0, 1; 5, 7: rows 16-31).
-void configure_tiles() {
-  TileConfig cfg;
-  for (int t = 0; t < 8; ++t) {
-    cfg.colsb[t] = 64;
-    cfg.rows[t] = 16;
-  }
-  _tile_loadconfig(&cfg);
-}
 
 using tide_packed::store_row;
 
@@ -106,7 +94,9 @@ void gemm_pairs(const Operands& o, int64_t p0, int64_t p1) {
   float* carry = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(carry_buf.data()) + 63) & ~uintptr_t(63));
   alignas(64) float out[4][256];
   const int64_t lda = o.K * 2;
-  configure_tiles();
+  // All eight tiles 16 x 64 bytes: 0, 1 rows of x; 2, 3 the pair's weight blocks; 4-7 sums
+  // (4, 6: rows 0-15 of groups 0, 1; 5, 7: rows 16-31).
+  tide_amx::configure_full_tiles();
   for (int64_t c0 = 0; c0 < blocks16; c0 += chunk16) {
     const int64_t c1 = std::min(blocks16, c0 + chunk16);
     for (int64_t p = p0; p < p1; ++p) {
@@ -203,16 +193,12 @@ at::Tensor gemm_bf16(const at::Tensor& x, const at::Tensor& packed, const c10::o
   TORCH_CHECK(gemm_rows_ready(), "gemm_bf16 needs AMX tiles");
   tide_packed::check_operands("gemm_bf16", x, packed, N);
   const int64_t M = x.size(0);
+  const at::Tensor bc = tide_packed::bias_operand(bias, N);
   auto y = at::empty({M, N}, x.options());
   if (M == 0) return y;
 #if defined(TIDE_GEMM_AMX)
   const int64_t K = packed.size(1) * 32, groups = packed.size(0);
-  auto xc = x.contiguous();
-  at::Tensor bc;
-  if (bias.has_value() && bias->defined()) {
-    TORCH_CHECK(bias->numel() == N && bias->scalar_type() == at::kBFloat16, "bias must be bfloat16 [N]");
-    bc = bias->contiguous();
-  }
+  const auto xc = x.contiguous();
   at::Tensor tail;
   if (M % 16) {
     tail = at::zeros({16, K}, x.options());

@@ -102,11 +102,7 @@ using tide_amx::TileConfig;
 // of each the rows past 16).
 void configure_pass(int rows) {
   const int chunks = (rows + 15) / 16, tail = rows - 16 * (chunks - 1);
-  TileConfig cfg;
-  for (int t = 0; t < 8; ++t) {
-    cfg.colsb[t] = 64;
-    cfg.rows[t] = 16;
-  }
+  TileConfig cfg = tide_amx::full_tiles();
   cfg.rows[1] = tail;
   if (chunks == 1) {
     cfg.rows[4] = cfg.rows[6] = tail;
@@ -206,16 +202,12 @@ at::Tensor gemv(const at::Tensor& x, const at::Tensor& packed, const c10::option
   TORCH_CHECK(max_rows > 0, "gemv_bf16 needs AVX-512 BF16");
   tide_packed::check_operands("gemv_bf16", x, packed, N);
   const int64_t M = x.size(0);
-  [[maybe_unused]] const int64_t K = packed.size(1) * 32, groups = packed.size(0);  // unused without BF16
   TORCH_CHECK(M >= 1 && M <= max_rows, "gemv_bf16 takes 1..", max_rows, " rows, got ", M);
-  auto xc = x.contiguous();
-  at::Tensor bc;
-  if (bias.has_value() && bias->defined()) {
-    TORCH_CHECK(bias->numel() == N && bias->scalar_type() == at::kBFloat16, "bias must be bfloat16 [N]");
-    bc = bias->contiguous();
-  }
+  const at::Tensor bc = tide_packed::bias_operand(bias, N);
   auto y = at::empty({M, N}, x.options());
 #if defined(__AVX512BF16__)
+  const int64_t K = packed.size(1) * 32, groups = packed.size(0);
+  const auto xc = x.contiguous();
   const auto* xp = xc.data_ptr<at::BFloat16>();
   const auto* wp = packed.data_ptr<at::BFloat16>();
   const auto* bp = bc.defined() ? bc.data_ptr<at::BFloat16>() : nullptr;

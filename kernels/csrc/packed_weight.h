@@ -28,6 +28,13 @@ inline void check_operands(const char* op, const at::Tensor& x, const at::Tensor
   TORCH_CHECK(N > (groups - 2) * kCols && N <= groups * kCols, "N ", N, " does not match the packed weight");
 }
 
+// The bias, checked and contiguous, or an undefined tensor for none.
+inline at::Tensor bias_operand(const c10::optional<at::Tensor>& bias, int64_t N) {
+  if (!bias.has_value() || !bias->defined()) return at::Tensor();
+  TORCH_CHECK(bias->numel() == N && bias->scalar_type() == at::kBFloat16, "bias must be bfloat16 [N]");
+  return bias->contiguous();
+}
+
 #if defined(__AVX512BF16__)
 inline __mmask16 column_mask(int64_t N, int64_t n0) {
   return N - n0 >= kCols ? __mmask16(0xFFFF) : __mmask16((1u << (N - n0)) - 1);

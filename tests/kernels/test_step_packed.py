@@ -30,10 +30,6 @@ def take_onednn(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.setattr(cpu_kernels, "gemm_rows_ready", lambda: False)
 
 
-def native_gemm_here() -> bool:
-    return ops is not None and cpu_kernels.gemm_rows_ready()
-
-
 class Spy:
     """torch.ops.tide, remembering which ops the model looked up."""
 
@@ -130,7 +126,7 @@ def test_mixed_steps_and_row_pieces_equal_the_op_by_op_loop(matmul, monkeypatch)
 
     if not native_prefill(torch.bfloat16, 32):
         pytest.skip("no AMX or AVX-512 BF16: prefill chunks take SDPA here")
-    if matmul == "native" and not native_gemm_here():
+    if matmul == "native" and not cpu_kernels.gemm_rows_ready():
         pytest.skip("no AMX here: no native GEMM")
     if matmul == "onednn":
         take_onednn(monkeypatch)
