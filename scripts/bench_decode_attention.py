@@ -2,10 +2,12 @@
 """Decode attention on any CPU: the native per-row kernel against the torch path.
 
     python scripts/bench_decode_attention.py [--threads 2] [--reps 10] [--dtype float32]
+    python scripts/bench_decode_attention.py --dtype bfloat16 --blocks in-order
 
 One decode step of the bench model's attention (16 query heads over 4 KV heads,
 head_dim 64, block size 16): 64 rows with contexts of 100-800 tokens whose blocks are
-scattered over a pool per layer, nine layers in turn. ``tide::paged_decode_attention``
+scattered over a pool per layer (or, with --blocks in-order, each row's blocks one after
+another, as the engine's block manager mostly hands them out), nine layers in turn. ``tide::paged_decode_attention``
 (AVX-512 where the CPU has it, decode_avx2.h on AVX2-only CPUs such as AMD Zen 2/3)
 against ``kernels/torch_attention.decode_attention`` (gather the blocks, torch SDPA),
 alternating in one process; reported: the best time of each, the median of the per-pair
@@ -41,6 +43,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    parser.add_argument("--blocks", default="scattered", choices=("scattered", "in-order"))
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     ops = cpu_kernels.ops()
@@ -56,7 +59,8 @@ def main() -> None:
               for _ in range(LAYERS)]  # fmt: skip
     lens = torch.randint(100, 801, (ROWS,), generator=gen, dtype=torch.int32)
     width = -(-int(lens.max()) // BLOCK)
-    tables = torch.randperm(POOL, generator=gen)[: ROWS * width].view(ROWS, width).contiguous()
+    order = torch.arange(POOL) if args.blocks == "in-order" else torch.randperm(POOL, generator=gen)
+    tables = order[: ROWS * width].view(ROWS, width).contiguous()
     group = DecodeGroup(slice(0, ROWS), tables, lens, int(lens.max()))
     q = rand(ROWS, HEADS, HEAD_DIM)
     scale = HEAD_DIM**-0.5
@@ -77,13 +81,13 @@ def main() -> None:
     big = torch.ones(kv_bytes // 4, dtype=torch.float32)
     _, t_read, _ = alternate(native, big.sum, args.reps)
     isa = ops.decode_attention_isa()
-    print(f"decode {ROWS} rows x 100-800 scattered keys, {LAYERS} layers, {args.dtype}: "
+    print(f"decode {ROWS} rows x 100-800 keys ({args.blocks} blocks), {LAYERS} layers, {args.dtype}: "
           f"torch {t_torch * 1e3:.1f} ms, native ({isa}) {t_native * 1e3:.1f} ms, "
           f"{ratio:.2f}x (median of pairs); max |diff| {err:.1e}")  # fmt: skip
     print(f"native kernel reads K/V at {kv_bytes / t_native / 1e9:.1f} GB/s, "
           f"a plain read of as many bytes {kv_bytes / t_read / 1e9:.1f} GB/s")  # fmt: skip
     print(json.dumps({
-        "dtype": args.dtype, "isa": isa, "torch_ms": t_torch * 1e3, "native_ms": t_native * 1e3,
+        "dtype": args.dtype, "blocks": args.blocks, "isa": isa, "torch_ms": t_torch * 1e3, "native_ms": t_native * 1e3,
         "torch_over_native": ratio, "max_abs_diff": err,
         "kv_read_gb_s": kv_bytes / t_native / 1e9, "plain_read_gb_s": kv_bytes / t_read / 1e9,
     }))  # fmt: skip
