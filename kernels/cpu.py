@@ -64,6 +64,7 @@ HEADERS = (
     CSRC / "attention_passes.h",
     CSRC / "decode_avx2.h",
     CSRC / "longest_first.h",
+    CSRC / "silu_avx512.h",
 )
 CFLAGS = ("-O3", "-march=native", "-fopenmp")
 LDFLAGS = ("-fopenmp",)

@@ -118,6 +118,12 @@ class Linear:
         else:
             self.weight = weight
         self.split_rows = 0  # > 0: packed calls of more rows run in pieces of this many
+        # A gate|up projection whose SiLU(gate) * up the GEMV's and GEMM's tiles produce
+        # directly (``silu_glu``): AMX, no bias, whole 16-column groups per half.
+        half = self.out_features // 2
+        self.fuses_silu = (
+            self.gemm and bias is None and self.out_features % 2 == 0 and half % 16 == 0
+        )
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if 0 < x.shape[0] <= self.gemv_rows and x.dim() == 2:
@@ -129,6 +135,13 @@ class Linear:
         if self.packed:
             return self._packed(x)
         return F.linear(x, self.weight, self.bias)
+
+    def silu_glu(self, x: torch.Tensor) -> torch.Tensor:
+        """SiLU(x W_gate^T) * (x W_up^T) for a fused gate|up weight (``fuses_silu``), without
+        writing the [rows, 2I] projection: bit for bit silu_mul of this projection."""
+        rows = x.reshape(-1, self.in_features)
+        y = cpu_kernels.ops().gate_up_silu_bf16(rows, self.gemv_weight, self.out_features // 2)
+        return y.view(*x.shape[:-1], self.out_features // 2)
 
     def _packed(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.shape[0] if x.dim() == 2 else 0

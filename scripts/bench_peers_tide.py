@@ -34,12 +34,13 @@ from infra.plan.roofline import DevicePeaks, ModelCost, run_roofline_seconds
 from infra.stats import percentile
 from worker.engine import LLMEngine, SamplingParams
 
-# tide::gemv_bf16 and tide::gemm_bf16 count as matmuls, tide::decode_shared_prefix as
+# tide::gemv_bf16, tide::gemm_bf16 and tide::gate_up_silu_bf16 (gate|up with its SiLU * up
+# in the epilogue) count as matmuls, tide::decode_shared_prefix as
 # attention. The whole-step calls (tide::decode_layers, tide::step_layers_packed) record each
 # kernel they call under its own name, so only their glue (views, copies) is left in their
 # self time: other ops.
 MATMUL = ("aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear", "mkldnn",
-          "gemv", "gemm")  # fmt: skip
+          "gemv", "gemm", "gate_up_silu")  # fmt: skip
 ATTENTION = ("attention", "sdpa", "scaled_dot_product", "write_kv_cache", "flash", "shared_prefix")
 
 

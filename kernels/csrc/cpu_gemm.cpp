@@ -33,6 +33,7 @@
 
 #include "cpu_ops.h"
 #include "packed_weight.h"
+#include "silu_avx512.h"
 
 namespace {
 
@@ -53,8 +54,15 @@ struct Operands {
   const at::BFloat16* bias;  // [N] or null
   at::BFloat16* y;           // [M, N]
   int64_t M, N, K;
-  bool stream;  // y's rows 64-byte aligned: full lines go straight to memory (no read for ownership)
+  bool stream;     // y's rows 64-byte aligned: full lines go straight to memory (no read for ownership)
+  int64_t up = 0;  // > 0: gate|up fused, pair p is gate group p and up group up + p; y = SiLU(gate) * up
 };
+
+// The weight blocks of group `half` (0, 1) of pair p.
+inline const at::BFloat16* pair_group(const Operands& o, int64_t p, int half) {
+  const int64_t group_size = o.K / 32 * kBlock;
+  return o.w + (o.up > 0 ? (half ? o.up + p : p) : 2 * p + half) * group_size;
+}
 
 // The 16-row block b of x (the padded tail for a last partial block).
 inline const at::BFloat16* row_block(const Operands& o, int64_t b) {
@@ -64,6 +72,15 @@ inline const at::BFloat16* row_block(const Operands& o, int64_t b) {
 // Rounds the sums of rows [m0, m0 + rows) of one 16-row block into y for pair p.
 void store_block(const Operands& o, const float* sums0, const float* sums1, int64_t m0, int64_t p) {
   const int rows = static_cast<int>(std::min<int64_t>(16, o.M - m0));
+  if (o.up > 0) {  // 16 columns of SiLU(gate) * up, each rounded to bf16 first as gate_up's y was
+    for (int m = 0; m < rows; ++m) {
+      const __m256bh r = tide_vec::silu_mul_bf16(tide_packed::rounded(_mm512_load_ps(sums0 + m * kCols)),
+                                                 tide_packed::rounded(_mm512_load_ps(sums1 + m * kCols)));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(o.y + (m0 + m) * o.N + p * kCols),
+                          reinterpret_cast<const __m256i&>(r));
+    }
+    return;
+  }
   const int64_t n0 = 2 * p * kCols;
   if (n0 + 2 * kCols <= o.N) {  // both groups inside y: each row's 32 columns in one store
     __m512 b0 = _mm512_setzero_ps(), b1 = _mm512_setzero_ps();
@@ -93,7 +110,6 @@ void store_block(const Operands& o, const float* sums0, const float* sums1, int6
 // Pairs [p0, p1) for every row.
 void gemm_pairs(const Operands& o, int64_t p0, int64_t p1) {
   const int64_t C = o.K / 32, blocks16 = (o.M + 15) / 16;
-  const int64_t pair_size = 2 * C * kBlock;
   const int64_t chunk16 = std::max<int64_t>(2, kChunkBytes / (o.K * 2) / 32 * 2);  // even
   // Sums carried between K blocks: per 16-row block of a chunk, two 16 x 16 fp32 tiles.
   std::vector<float> carry_buf(chunk16 * 2 * 256 + 16);
@@ -106,8 +122,8 @@ void gemm_pairs(const Operands& o, int64_t p0, int64_t p1) {
   for (int64_t c0 = 0; c0 < blocks16; c0 += chunk16) {
     const int64_t c1 = std::min(blocks16, c0 + chunk16);
     for (int64_t p = p0; p < p1; ++p) {
-      const at::BFloat16* w0 = o.w + p * pair_size;
-      const at::BFloat16* w1 = w0 + pair_size / 2;
+      const at::BFloat16* w0 = pair_group(o, p, 0);
+      const at::BFloat16* w1 = pair_group(o, p, 1);
       for (int64_t k0 = 0; k0 < C; k0 += kKBlock) {
         const int64_t k1 = std::min(C, k0 + kKBlock);
         const bool first = k0 == 0, last = k1 == C;
@@ -120,8 +136,8 @@ void gemm_pairs(const Operands& o, int64_t p0, int64_t p1) {
           next1 = reinterpret_cast<const char*>(w1 + k1 * kBlock);
           lines = (std::min(C, k1 + kKBlock) - k1) * 16;
         } else if (p + 1 < p1) {
-          next0 = reinterpret_cast<const char*>(w0 + pair_size);
-          next1 = reinterpret_cast<const char*>(w1 + pair_size);
+          next0 = reinterpret_cast<const char*>(pair_group(o, p + 1, 0));
+          next1 = reinterpret_cast<const char*>(pair_group(o, p + 1, 1));
           lines = std::min(C, kKBlock) * 16;
         }
         const int64_t steps = (c1 - c0 + 1) / 2 * (k1 - k0);
@@ -195,16 +211,18 @@ bool gemm_rows_ready() {
 #endif
 }
 
-at::Tensor gemm_bf16(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias,
-                     int64_t N) {
-  TORCH_CHECK(gemm_rows_ready(), "gemm_bf16 needs AMX tiles");
-  tide_packed::check_operands("gemm_bf16", x, packed, N);
+// y [M, N] from x [M, K] on the packed weight; up > 0: the fused gate|up (N = intermediate).
+at::Tensor run_gemm(const char* op, const at::Tensor& x, const at::Tensor& packed,
+                    const c10::optional<at::Tensor>& bias, int64_t N, int64_t up) {
+  TORCH_CHECK(gemm_rows_ready(), op, " needs AMX tiles");
+  tide_packed::check_operands(op, x, packed, up > 0 ? 2 * N : N);
   const int64_t M = x.size(0);
   const at::Tensor bc = tide_packed::bias_operand(bias, N);
   auto y = at::empty({M, N}, x.options());
   if (M == 0) return y;
 #if defined(TIDE_GEMM_AMX)
-  const int64_t K = packed.size(1) * 32, groups = packed.size(0);
+  const int64_t K = packed.size(1) * 32;
+  const int64_t pairs = up > 0 ? N / kCols : packed.size(0) / 2;
   const auto xc = x.contiguous();
   at::Tensor tail;
   if (M % 16) {
@@ -214,10 +232,26 @@ at::Tensor gemm_bf16(const at::Tensor& x, const at::Tensor& packed, const c10::o
   const Operands o{xc.data_ptr<at::BFloat16>(), tail.defined() ? tail.data_ptr<at::BFloat16>() : nullptr,
                    packed.data_ptr<at::BFloat16>(), bc.defined() ? bc.data_ptr<at::BFloat16>() : nullptr,
                    y.data_ptr<at::BFloat16>(), M, N, K,
-                   N % 32 == 0 && reinterpret_cast<uintptr_t>(y.data_ptr()) % 64 == 0};
-  at::parallel_for(0, groups / 2, 1, [&](int64_t p0, int64_t p1) { gemm_pairs(o, p0, p1); });
+                   up == 0 && N % 32 == 0 && reinterpret_cast<uintptr_t>(y.data_ptr()) % 64 == 0, up};
+  at::parallel_for(0, pairs, 1, [&](int64_t p0, int64_t p1) { gemm_pairs(o, p0, p1); });
 #endif
   return y;
+}
+
+at::Tensor gemm_bf16(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias,
+                     int64_t N) {
+  return run_gemm("gemm_bf16", x, packed, bias, N, 0);
+}
+
+// SiLU(x W_gate^T) * (x W_up^T) from gate|up's packed weight [2I, K], without writing the
+// [M, 2I] projection: equal to silu_mul(gemm_bf16(x, packed, None, 2I)) bit for bit.
+// Up to the GEMV's rows on the GEMV's tiles, past them on this GEMM.
+at::Tensor gate_up_silu_bf16(const at::Tensor& x, const at::Tensor& packed, int64_t intermediate) {
+  TORCH_CHECK(intermediate > 0 && intermediate % kCols == 0, "gate_up_silu_bf16: intermediate must be a multiple of ",
+              kCols, ", got ", intermediate);
+  if (x.dim() == 2 && x.size(0) >= 1 && x.size(0) <= tide_ops::gemv_tile_rows())
+    return tide_ops::gemv_silu_bf16(x, packed, intermediate);
+  return run_gemm("gate_up_silu_bf16", x, packed, c10::nullopt, intermediate, intermediate / kCols);
 }
 
 }  // namespace
@@ -229,11 +263,19 @@ at::Tensor gemm_bf16(const at::Tensor& x, const at::Tensor& packed, const c10::o
   return ::gemm_bf16(x, packed, bias, N);
 }
 bool gemm_rows_ready() { return ::gemm_rows_ready(); }
+at::Tensor gate_up_silu_bf16(const at::Tensor& x, const at::Tensor& packed, int64_t intermediate) {
+  TIDE_RECORD("gate_up_silu_bf16");
+  return ::gate_up_silu_bf16(x, packed, intermediate);
+}
 }  // namespace tide_ops
 
 TORCH_LIBRARY_FRAGMENT(tide, m) {
   m.def("gemm_bf16(Tensor x, Tensor packed, Tensor? bias, int N) -> Tensor");
   m.def("gemm_rows_ready() -> bool", &gemm_rows_ready);
+  m.def("gate_up_silu_bf16(Tensor x, Tensor packed, int intermediate) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(tide, CPU, m) { m.impl("gemm_bf16", &gemm_bf16); }
+TORCH_LIBRARY_IMPL(tide, CPU, m) {
+  m.impl("gemm_bf16", &gemm_bf16);
+  m.impl("gate_up_silu_bf16", &gate_up_silu_bf16);
+}

@@ -35,6 +35,7 @@
 
 #include "cpu_ops.h"
 #include "packed_weight.h"
+#include "silu_avx512.h"
 
 namespace {
 
@@ -144,15 +145,16 @@ void tile_pass(const at::BFloat16* x, const at::BFloat16* w0, const at::BFloat16
   }
 }
 
-// Group pairs [p0, p1) for M (1..64) rows on AMX tiles.
+// Group pairs [p0, p1) for M (1..64) rows on AMX tiles. up > 0: gate|up fused, pair p is
+// gate group p and up group up + p, and y [M, N = intermediate] gets SiLU(gate) * up.
 void tile_pairs(const at::BFloat16* x, const at::BFloat16* wp, const at::BFloat16* bias, at::BFloat16* y,
-                int64_t M, int64_t N, int64_t K, int64_t p0, int64_t p1) {
-  const int64_t pair_size = 2 * (K / 32) * kBlock;
+                int64_t M, int64_t N, int64_t K, int64_t p0, int64_t p1, int64_t up = 0) {
+  const int64_t group_size = (K / 32) * kBlock;
   alignas(64) float sums[2][32 * kCols];
   int configured = -1;
   for (int64_t p = p0; p < p1; ++p) {
-    const at::BFloat16* w0 = wp + p * pair_size;
-    const at::BFloat16* w1 = w0 + pair_size / 2;
+    const at::BFloat16* w0 = wp + (up > 0 ? p : 2 * p) * group_size;
+    const at::BFloat16* w1 = wp + (up > 0 ? up + p : 2 * p + 1) * group_size;
     for (int64_t m0 = 0; m0 < M; m0 += 32) {
       const int rows = static_cast<int>(std::min<int64_t>(32, M - m0));
       if (rows != configured) {
@@ -168,6 +170,15 @@ void tile_pairs(const at::BFloat16* x, const at::BFloat16* wp, const at::BFloat1
       }
       _tile_stored(4, sums[0], 64);
       _tile_stored(6, sums[1], 64);
+      if (up > 0) {  // SiLU(gate) * up, each rounded to bf16 first as gate_up's y was
+        for (int m = 0; m < rows; ++m) {
+          const __m256bh r = tide_vec::silu_mul_bf16(tide_packed::rounded(_mm512_load_ps(sums[0] + m * kCols)),
+                                                     tide_packed::rounded(_mm512_load_ps(sums[1] + m * kCols)));
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + (m0 + m) * N + p * kCols),
+                              reinterpret_cast<const __m256i&>(r));
+        }
+        continue;
+      }
       for (int half = 0; half < 2; ++half) {
         const int64_t n0 = (2 * p + half) * kCols;
         if (n0 >= N) continue;
@@ -231,6 +242,31 @@ at::Tensor gemv_bf16(const at::Tensor& x, const at::Tensor& packed, const c10::o
   return gemv(x, packed, bias, N, true);
 }
 
+int64_t gemv_tile_rows() { return gemv_max_rows() == kTileRows ? kTileRows : 0; }
+
+// SiLU(x W_gate^T) * (x W_up^T) for 1..64 rows on the tiles: tide::gate_up_silu_bf16 below
+// the GEMM's rows (cpu_gemm.cpp).
+at::Tensor gemv_silu_bf16(const at::Tensor& x, const at::Tensor& packed, int64_t intermediate) {
+  TORCH_CHECK(gemv_tile_rows() > 0, "gate_up_silu_bf16 needs AMX tiles");
+  TORCH_CHECK(intermediate > 0 && intermediate % kCols == 0, "gate_up_silu_bf16: intermediate must be a multiple of ",
+              kCols, ", got ", intermediate);
+  tide_packed::check_operands("gate_up_silu_bf16", x, packed, 2 * intermediate);
+  const int64_t M = x.size(0);
+  TORCH_CHECK(M >= 1 && M <= kTileRows, "gate_up_silu_bf16 on the GEMV takes 1..", kTileRows, " rows, got ", M);
+  auto y = at::empty({M, intermediate}, x.options());
+#if defined(TIDE_GEMV_AMX)
+  const int64_t K = packed.size(1) * 32, up = intermediate / kCols;
+  const auto xc = x.contiguous();
+  const auto* xp = xc.data_ptr<at::BFloat16>();
+  const auto* wp = packed.data_ptr<at::BFloat16>();
+  auto* yp = y.data_ptr<at::BFloat16>();
+  at::parallel_for(0, up, 4, [&](int64_t p0, int64_t p1) {
+    tile_pairs(xp, wp, nullptr, yp, M, intermediate, K, p0, p1, up);
+  });
+#endif
+  return y;
+}
+
 at::Tensor gemv_bf16_vector(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias,
                             int64_t N) {
   return gemv(x, packed, bias, N, false);
@@ -239,6 +275,10 @@ at::Tensor gemv_bf16_vector(const at::Tensor& x, const at::Tensor& packed, const
 }  // namespace
 
 namespace tide_ops {
+int64_t gemv_tile_rows() { return ::gemv_tile_rows(); }
+at::Tensor gemv_silu_bf16(const at::Tensor& x, const at::Tensor& packed, int64_t intermediate) {
+  return ::gemv_silu_bf16(x, packed, intermediate);
+}
 at::Tensor gemv_bf16(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias,
                      int64_t N) {
   TIDE_RECORD("gemv_bf16");

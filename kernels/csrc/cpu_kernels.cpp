@@ -30,6 +30,7 @@
 #include "decode_avx2.h"
 #include "cpu_ops.h"
 #include "longest_first.h"
+#include "silu_avx512.h"
 
 namespace {
 
@@ -62,23 +63,7 @@ inline __m512 load16(const at::BFloat16* p) {
 #endif
 
 #if defined(__AVX512F__)
-// e^x as 2^n * e^r with |r| <= ln2/2 and a degree-6 Taylor polynomial, relative error
-// about 1e-7; inputs below -87 give e^-87, large ones overflow to inf.
-inline __m512 exp512(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-87.f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.f / 720.f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 120.f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 24.f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 6.f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
-  return _mm512_scalef_ps(p, n);
-}
+using tide_vec::exp512;
 
 // Sums each of 16 vectors: lane t of the result is the sum of v[t]'s lanes.
 __attribute__((always_inline)) inline __m512 transpose_sum16(const __m512* v) {
@@ -508,14 +493,11 @@ at::Tensor silu_mul(const at::Tensor& gate_up) {
 #if defined(__AVX512BF16__)
         for (; i + 16 <= inter; i += 16) {
           const __m512 gf = load16(g + i);
-          const __m512 one = _mm512_set1_ps(1.f);
-          __m512 act = _mm512_div_ps(gf, _mm512_add_ps(one, exp512(_mm512_sub_ps(_mm512_setzero_ps(), gf))));
           if constexpr (std::is_same_v<scalar_t, at::BFloat16>) {
-            act = widen_bf16(_mm512_cvtneps_pbh(act));
-            const __m256bh res = _mm512_cvtneps_pbh(_mm512_mul_ps(act, load16(u + i)));
+            const __m256bh res = tide_vec::silu_mul_bf16(gf, load16(u + i));
             _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + i), reinterpret_cast<const __m256i&>(res));
           } else {
-            _mm512_storeu_ps(reinterpret_cast<float*>(o + i), _mm512_mul_ps(act, load16(u + i)));
+            _mm512_storeu_ps(reinterpret_cast<float*>(o + i), _mm512_mul_ps(tide_vec::silu512(gf), load16(u + i)));
           }
         }
 #endif

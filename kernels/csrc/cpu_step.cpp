@@ -44,6 +44,8 @@ at::Tensor decode_layers(const at::Tensor& hidden_in, const at::Tensor& position
   const int64_t hidden_size = hidden_in.size(1);
   at::Tensor hidden = hidden_in.clone();
   at::Tensor delta;
+  // SiLU(gate) * up straight from the GEMV's tiles (no [n, 2I] projection written).
+  const bool fused_silu = n <= tide_ops::gemv_tile_rows() && intermediate % 16 == 0;
   for (int64_t l = 0; l < num_layers; ++l) {
     const at::Tensor* w = layers.data() + 6 * l;
     at::Tensor x = delta.defined() ? tide_ops::add_rms_norm_(hidden, delta, w[0], eps)
@@ -60,8 +62,9 @@ at::Tensor decode_layers(const at::Tensor& hidden_in, const at::Tensor& position
     const at::Tensor attn = tide_ops::paged_decode_attention(q, kc, vc, block_tables, context_lens, scale);
     const at::Tensor attn_out = tide_ops::gemv_bf16(attn.view({n, q_size}), w[2], c10::nullopt, hidden_size);
     x = tide_ops::add_rms_norm_(hidden, attn_out, w[3], eps);
-    at::Tensor gate_up = tide_ops::gemv_bf16(x, w[4], c10::nullopt, 2 * intermediate);
-    delta = tide_ops::gemv_bf16(tide_ops::silu_mul(gate_up), w[5], c10::nullopt, hidden_size);
+    const at::Tensor act = fused_silu ? tide_ops::gate_up_silu_bf16(x, w[4], intermediate)
+                                      : tide_ops::silu_mul(tide_ops::gemv_bf16(x, w[4], c10::nullopt, 2 * intermediate));
+    delta = tide_ops::gemv_bf16(act, w[5], c10::nullopt, hidden_size);
   }
   if (delta.defined()) hidden.add_(delta);
   return hidden;
@@ -149,6 +152,10 @@ at::Tensor step_layers_packed(const at::Tensor& hidden_in, const at::Tensor& pos
   const int64_t q_size = num_heads * head_dim, kv_size = num_kv_heads * head_dim;
   at::Tensor hidden = hidden_in.clone();
   at::Tensor attn_in = at::zeros({rows, q_size}, hidden.options());  // padding rows stay zero
+  // SiLU(gate) * up straight from the GEMV's or GEMM's tiles where gate|up sits in their
+  // layout (AMX): no [rows, 2I] projection written and read back.
+  const bool fused_silu = layers[4].dim() == 5 && tide_ops::gemv_tile_rows() > 0 && tide_ops::gemm_rows_ready() &&
+                          out_features[2] % 32 == 0;
   at::Tensor delta;
   for (int64_t l = 0; l < num_layers; ++l) {
     const at::Tensor* w = layers.data() + 6 * l;
@@ -184,8 +191,9 @@ at::Tensor step_layers_packed(const at::Tensor& hidden_in, const at::Tensor& pos
     }
     attn_in.narrow(0, 0, n).copy_(attn.view({n, q_size}));
     x = tide_ops::add_rms_norm_(hidden, proj(attn_in, 1, c10::nullopt), w[3], eps);
-    const at::Tensor gate_up = proj(x, 2, c10::nullopt);
-    delta = proj(tide_ops::silu_mul(gate_up), 3, c10::nullopt);
+    const at::Tensor act = fused_silu ? tide_ops::gate_up_silu_bf16(x, w[4], out_features[2] / 2)
+                                      : tide_ops::silu_mul(proj(x, 2, c10::nullopt));
+    delta = proj(act, 3, c10::nullopt);
   }
   if (delta.defined()) hidden.add_(delta);
   return hidden;

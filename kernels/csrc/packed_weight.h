@@ -24,8 +24,8 @@ inline void check_operands(const char* op, const at::Tensor& x, const at::Tensor
                   packed.size(4) == 2 && packed.is_contiguous(),
               op, " takes a weight from gemv_pack_bf16");
   const int64_t K = packed.size(1) * 32, groups = packed.size(0);
-  TORCH_CHECK(x.dim() == 2 && x.size(1) == K, "x must be [M, ", K, "], got ", x.sizes());
-  TORCH_CHECK(N > (groups - 2) * kCols && N <= groups * kCols, "N ", N, " does not match the packed weight");
+  TORCH_CHECK(x.dim() == 2 && x.size(1) == K, op, ": x must be [M, ", K, "], got ", x.sizes());
+  TORCH_CHECK(N > (groups - 2) * kCols && N <= groups * kCols, op, ": N ", N, " does not match the packed weight");
 }
 
 // The bias, checked and contiguous, or an undefined tensor for none.
@@ -38,6 +38,12 @@ inline at::Tensor bias_operand(const c10::optional<at::Tensor>& bias, int64_t N)
 #if defined(__AVX512BF16__)
 inline __mmask16 column_mask(int64_t N, int64_t n0) {
   return N - n0 >= kCols ? __mmask16(0xFFFF) : __mmask16((1u << (N - n0)) - 1);
+}
+
+// The 16 sums rounded to bf16 and widened back: what a bf16 y holds, as fp32 lanes.
+inline __m512 rounded(__m512 acc) {
+  const __m256bh r = _mm512_cvtneps_pbh(acc);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(reinterpret_cast<const __m256i&>(r)), 16));
 }
 
 // y[m, n0 .. n0 + 16) = bf16(acc + bias) for one row: the one rounding of fp32 sums.

@@ -213,7 +213,10 @@ class LlamaModel:
                 attn_in = torch.cat([attn_in, attn_in.new_zeros(rows - n, self.q_size)])
             attn_out = layer.o(attn_in)
             x = ops.add_rms_norm_(hidden, attn_out, layer.post_norm, eps)
-            delta = layer.down(ops.silu_mul(layer.gate_up(x)))
+            if layer.gate_up.fuses_silu:
+                delta = layer.down(layer.gate_up.silu_glu(x))
+            else:
+                delta = layer.down(ops.silu_mul(layer.gate_up(x)))
         if delta is not None:
             hidden.add_(delta)
         return self.lm_head(ops.rms_norm(hidden[logits_indices], self.norm, eps)).float()

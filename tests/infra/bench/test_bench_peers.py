@@ -63,6 +63,7 @@ def test_every_native_op_lands_in_its_kind():
         "mkldnn::_linear_pointwise": "matmul",
         "tide::gemv_bf16": "matmul",
         "tide::gemm_bf16": "matmul",
+        "tide::gate_up_silu_bf16": "matmul",
         "tide::decode_layers": "other_ops",
         "tide::step_layers_packed": "other_ops",
         "tide::prefill_attention_varlen": "attention",
