@@ -4,15 +4,16 @@
     python scripts/bench_decode_attention.py [--threads 2] [--reps 10] [--dtype float32]
     python scripts/bench_decode_attention.py --dtype bfloat16 --blocks in-order
 
-One decode step of the bench model's attention (16 query heads over 4 KV heads,
-head_dim 64, block size 16): 64 rows with contexts of 100-800 tokens whose blocks are
-scattered over a pool per layer (or, with --blocks in-order, each row's blocks one after
-another, as the engine's block manager mostly hands them out), nine layers in turn. ``tide::paged_decode_attention``
-(AVX-512 where the CPU has it, decode_avx2.h on AVX2-only CPUs such as AMD Zen 2/3)
-against ``kernels/torch_attention.decode_attention`` (gather the blocks, torch SDPA),
-alternating in one process; reported: the best time of each, the median of the per-pair
-ratios, and the kernel's K/V read rate beside a plain read of as many bytes. Only the
-ratios mean much on a shared machine. The last line is one JSON object.
+One decode step of the bench model's attention (16 query heads over 4 KV heads, head_dim
+64, block size 16): 64 rows with contexts of 100-800 tokens whose blocks are scattered
+over a pool per layer (or, with --blocks in-order, each row's blocks one after another, as
+the engine's block manager mostly hands them out), nine layers in turn.
+``tide::paged_decode_attention`` (AVX-512 where the CPU has it, decode_avx2.h on AVX2-only
+CPUs such as AMD Zen 2/3) against ``kernels/torch_attention.decode_attention`` (gather the
+blocks, torch SDPA), alternating in one process; reported: the best time of each, the
+median of the per-pair ratios, and the kernel's K/V read rate beside a plain read of as
+many bytes. Only the ratios mean much on a shared machine. The last line is one JSON
+object.
 """
 
 from __future__ import annotations
@@ -81,13 +82,15 @@ def main() -> None:
     big = torch.ones(kv_bytes // 4, dtype=torch.float32)
     _, t_read, _ = alternate(native, big.sum, args.reps)
     isa = ops.decode_attention_isa()
-    print(f"decode {ROWS} rows x 100-800 keys ({args.blocks} blocks), {LAYERS} layers, {args.dtype}: "
+    print(f"decode {ROWS} rows x 100-800 keys ({args.blocks} blocks), {LAYERS} layers, "
+          f"{args.dtype}: "
           f"torch {t_torch * 1e3:.1f} ms, native ({isa}) {t_native * 1e3:.1f} ms, "
           f"{ratio:.2f}x (median of pairs); max |diff| {err:.1e}")  # fmt: skip
     print(f"native kernel reads K/V at {kv_bytes / t_native / 1e9:.1f} GB/s, "
           f"a plain read of as many bytes {kv_bytes / t_read / 1e9:.1f} GB/s")  # fmt: skip
     print(json.dumps({
-        "dtype": args.dtype, "blocks": args.blocks, "isa": isa, "torch_ms": t_torch * 1e3, "native_ms": t_native * 1e3,
+        "dtype": args.dtype, "blocks": args.blocks, "isa": isa, "torch_ms": t_torch * 1e3,
+        "native_ms": t_native * 1e3,
         "torch_over_native": ratio, "max_abs_diff": err,
         "kv_read_gb_s": kv_bytes / t_native / 1e9, "plain_read_gb_s": kv_bytes / t_read / 1e9,
     }))  # fmt: skip
