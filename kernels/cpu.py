@@ -144,6 +144,13 @@ def gemv_max_rows() -> int:
     return int(native.gemv_max_rows()) if native is not None else 0
 
 
+def gemv_step_rows() -> int:
+    """Rows a step gives the native GEMV: 40 on AMX (the GEMM is faster past them), else
+    gemv_max_rows()."""
+    native = ops()
+    return int(native.gemv_step_rows()) if native is not None else 0
+
+
 def gemm_rows_ready() -> bool:
     """The native bf16 GEMM (kernels/csrc/cpu_gemm.cpp) runs here: AMX tiles granted."""
     native = ops()

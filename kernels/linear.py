@@ -1,7 +1,7 @@
 """Dense projections. On CPU in bfloat16, weights are pre-packed once.
 
 The two regimes of a decode engine:
-- up to ``gemv_max_rows()`` rows (decode batches: 64 on AMX, 2 with AVX-512 BF16 alone),
+- up to ``gemv_step_rows()`` rows (decode batches: 40 on AMX, 2 with AVX-512 BF16 alone),
   the native GEMV of ``kernels/csrc/cpu_gemv.cpp`` streams its own layout at about the
   machine's plain read rate up to 32 rows, 1.2-1.7x oneDNN's packed matmul at 1-64 rows
   (``python scripts/bench_gemv.py``);
@@ -101,7 +101,7 @@ class Linear:
         self.gemv_weight: torch.Tensor | None = None
         if cpu_bf16 and self.in_features % 32 == 0 and cpu_kernels.gemv_max_rows() > 0:
             self.gemv_weight = cpu_kernels.ops().gemv_pack_bf16(weight)
-            self.gemv_rows = cpu_kernels.gemv_max_rows()
+            self.gemv_rows = cpu_kernels.gemv_step_rows()
         # More rows on the native GEMM over the GEMV's weight (AMX): then it is the only copy.
         self.gemm = self.gemv_weight is not None and cpu_kernels.gemm_rows_ready()
         cpu_fp32 = PACK_FLOAT32 and weight.device.type == "cpu" and weight.dtype == torch.float32

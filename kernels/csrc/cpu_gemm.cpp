@@ -249,7 +249,7 @@ at::Tensor gemm_bf16(const at::Tensor& x, const at::Tensor& packed, const c10::o
 at::Tensor gate_up_silu_bf16(const at::Tensor& x, const at::Tensor& packed, int64_t intermediate) {
   TORCH_CHECK(intermediate > 0 && intermediate % kCols == 0, "gate_up_silu_bf16: intermediate must be a multiple of ",
               kCols, ", got ", intermediate);
-  if (x.dim() == 2 && x.size(0) >= 1 && x.size(0) <= tide_ops::gemv_tile_rows())
+  if (x.dim() == 2 && x.size(0) >= 1 && x.size(0) <= tide_ops::gemv_step_rows())
     return tide_ops::gemv_silu_bf16(x, packed, intermediate);
   return run_gemm("gate_up_silu_bf16", x, packed, c10::nullopt, intermediate, intermediate / kCols);
 }

@@ -35,6 +35,6 @@ bool gemm_rows_ready();
 // SiLU(gate) * up straight from gate|up's packed weight (AMX tiles; intermediate % 16 == 0).
 at::Tensor gate_up_silu_bf16(const at::Tensor& x, const at::Tensor& packed, int64_t intermediate);
 at::Tensor gemv_silu_bf16(const at::Tensor& x, const at::Tensor& packed, int64_t intermediate);
-int64_t gemv_tile_rows();  // rows gemv_silu_bf16 takes: 64 on AMX, else 0
+int64_t gemv_step_rows();  // rows a step gives the GEMV (40 on AMX), past them the GEMM
 
 }  // namespace tide_ops

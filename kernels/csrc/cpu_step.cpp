@@ -45,7 +45,7 @@ at::Tensor decode_layers(const at::Tensor& hidden_in, const at::Tensor& position
   at::Tensor hidden = hidden_in.clone();
   at::Tensor delta;
   // SiLU(gate) * up straight from the GEMV's tiles (no [n, 2I] projection written).
-  const bool fused_silu = n <= tide_ops::gemv_tile_rows() && intermediate % 16 == 0;
+  const bool fused_silu = tide_ops::gemm_rows_ready() && intermediate % 16 == 0;
   for (int64_t l = 0; l < num_layers; ++l) {
     const at::Tensor* w = layers.data() + 6 * l;
     at::Tensor x = delta.defined() ? tide_ops::add_rms_norm_(hidden, delta, w[0], eps)
@@ -154,8 +154,8 @@ at::Tensor step_layers_packed(const at::Tensor& hidden_in, const at::Tensor& pos
   at::Tensor attn_in = at::zeros({rows, q_size}, hidden.options());  // padding rows stay zero
   // SiLU(gate) * up straight from the GEMV's or GEMM's tiles where gate|up sits in their
   // layout (AMX): no [rows, 2I] projection written and read back.
-  const bool fused_silu = num_layers > 0 && layers[4].dim() == 5 && tide_ops::gemv_tile_rows() > 0 &&
-                          tide_ops::gemm_rows_ready() && out_features[2] % 32 == 0;
+  const bool fused_silu = num_layers > 0 && layers[4].dim() == 5 && tide_ops::gemm_rows_ready() &&
+                          out_features[2] % 32 == 0;
   at::Tensor delta;
   for (int64_t l = 0; l < num_layers; ++l) {
     const at::Tensor* w = layers.data() + 6 * l;

@@ -1,4 +1,4 @@
-"""tide::gate_up_silu_bf16 (cpu_gemv.cpp below 65 rows, cpu_gemm.cpp past them): SiLU(gate) *
+"""tide::gate_up_silu_bf16 (cpu_gemv.cpp up to gemv_step_rows, cpu_gemm.cpp past them): SiLU(gate) *
 up straight from gate|up's packed weight on AMX tiles, held bit for bit to silu_mul of the
 projection it replaces; kernels/linear.py's Linear.silu_glu and the engine's steps take it."""
 
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.skipif(
 
 
 def projection(x: torch.Tensor, packed: torch.Tensor, n: int) -> torch.Tensor:
-    if x.shape[0] <= cpu_kernels.gemv_max_rows():
+    if x.shape[0] <= cpu_kernels.gemv_step_rows():
         return ops.gemv_bf16(x, packed, None, n)
     return ops.gemm_bf16(x, packed, None, n)
 
