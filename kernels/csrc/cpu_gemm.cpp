@@ -33,7 +33,6 @@
 
 #include "cpu_ops.h"
 #include "packed_weight.h"
-#include "silu_avx512.h"
 
 namespace {
 
@@ -73,12 +72,8 @@ inline const at::BFloat16* row_block(const Operands& o, int64_t b) {
 void store_block(const Operands& o, const float* sums0, const float* sums1, int64_t m0, int64_t p) {
   const int rows = static_cast<int>(std::min<int64_t>(16, o.M - m0));
   if (o.up > 0) {  // 16 columns of SiLU(gate) * up, each rounded to bf16 first as gate_up's y was
-    for (int m = 0; m < rows; ++m) {
-      const __m256bh r = tide_vec::silu_mul_bf16(tide_packed::rounded(_mm512_load_ps(sums0 + m * kCols)),
-                                                 tide_packed::rounded(_mm512_load_ps(sums1 + m * kCols)));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(o.y + (m0 + m) * o.N + p * kCols),
-                          reinterpret_cast<const __m256i&>(r));
-    }
+    for (int m = 0; m < rows; ++m)
+      tide_packed::store_silu_row(sums0 + m * kCols, sums1 + m * kCols, o.y + (m0 + m) * o.N + p * kCols);
     return;
   }
   const int64_t n0 = 2 * p * kCols;

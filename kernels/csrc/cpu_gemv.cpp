@@ -37,7 +37,6 @@
 
 #include "cpu_ops.h"
 #include "packed_weight.h"
-#include "silu_avx512.h"
 
 namespace {
 
@@ -176,12 +175,8 @@ void tile_pairs(const at::BFloat16* x, const at::BFloat16* wp, const at::BFloat1
       _tile_stored(4, sums[0], 64);
       _tile_stored(6, sums[1], 64);
       if (up > 0) {  // SiLU(gate) * up, each rounded to bf16 first as gate_up's y was
-        for (int m = 0; m < rows; ++m) {
-          const __m256bh r = tide_vec::silu_mul_bf16(tide_packed::rounded(_mm512_load_ps(sums[0] + m * kCols)),
-                                                     tide_packed::rounded(_mm512_load_ps(sums[1] + m * kCols)));
-          _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + (m0 + m) * N + p * kCols),
-                              reinterpret_cast<const __m256i&>(r));
-        }
+        for (int m = 0; m < rows; ++m)
+          tide_packed::store_silu_row(sums[0] + m * kCols, sums[1] + m * kCols, y + (m0 + m) * N + p * kCols);
         continue;
       }
       for (int half = 0; half < 2; ++half) {

@@ -8,6 +8,8 @@
 
 #include <ATen/ATen.h>
 
+#include "silu_avx512.h"
+
 #if defined(__AVX512BF16__)
 #include <immintrin.h>
 #endif
@@ -44,6 +46,13 @@ inline __mmask16 column_mask(int64_t N, int64_t n0) {
 inline __m512 rounded(__m512 acc) {
   const __m256bh r = _mm512_cvtneps_pbh(acc);
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(reinterpret_cast<const __m256i&>(r)), 16));
+}
+
+// 16 columns of SiLU(gate) * up for one row of the fused gate|up, from the two groups' fp32
+// sums, each rounded to bf16 first as the unfused projection's y was (silu_mul's rounding).
+inline void store_silu_row(const float* gate_sums, const float* up_sums, at::BFloat16* dst) {
+  const __m256bh r = tide_vec::silu_mul_bf16(rounded(_mm512_load_ps(gate_sums)), rounded(_mm512_load_ps(up_sums)));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), reinterpret_cast<const __m256i&>(r));
 }
 
 // y[m, n0 .. n0 + 16) = bf16(acc + bias) for one row: the one rounding of fp32 sums.
