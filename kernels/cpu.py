@@ -49,6 +49,7 @@ SOURCES = (
     CSRC / "cpu_kernels.cpp",
     CSRC / "cpu_gemv.cpp",
     CSRC / "cpu_gemm.cpp",
+    CSRC / "cpu_gemm_f32.cpp",
     CSRC / "cpu_step.cpp",
     CSRC / "cpu_prefill.cpp",
     CSRC / "cpu_shared_decode.cpp",
@@ -149,6 +150,13 @@ def gemv_step_rows() -> int:
     gemv_max_rows()."""
     native = ops()
     return int(native.gemv_step_rows()) if native is not None else 0
+
+
+def gemm_f32_preferred() -> bool:
+    """float32 projections take the native AVX2 GEMM (kernels/csrc/cpu_gemm_f32.cpp): the
+    build has AVX2 + FMA and the CPU no AVX-512, where oneDNN's own kernels are wider."""
+    native = ops()
+    return native is not None and bool(native.gemm_f32_preferred())
 
 
 def gemm_rows_ready() -> bool:

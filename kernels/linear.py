@@ -54,6 +54,13 @@ PACK_BATCH_HINT = 64
 # 1.0-1.2x at 256, 0.85-0.97x at 1,024 (session 17, /tmp harness; engine A/B in the docs).
 PACK_FLOAT32 = True
 
+# float32 on CPUs with AVX2 + FMA but no AVX-512 (AMD Zen 2/3) takes Tide's own GEMM
+# (kernels/csrc/cpu_gemm_f32.cpp) at every row count instead, its packed weight the only
+# copy: on an AMD EPYC (Zen 3, 2 threads) 2.0-2.3x oneDNN's packed matmul at 1 row (which
+# runs a row bucket of 8), 1.3-1.6x at 8-16, 1.1-1.3x at 32-64, about level (0.89-1.09x) at
+# 256-1,024 (``python scripts/bench_gemm.py --dtype float32 --rows 1,8,16,32,64,256,1024``).
+NATIVE_FLOAT32 = True
+
 # Row buckets of the packed matmul: small steps (decode batches) are bound by the weight
 # read, so 8 more rows cost almost nothing; above SMALL_ROWS a step pads at most 63 rows.
 SMALL_ROWS, SMALL_STEP, LARGE_STEP = 64, 8, 64
@@ -89,6 +96,11 @@ def _packed_linear_works(dtype: torch.dtype = torch.bfloat16) -> bool:
         return False
 
 
+def _onednn_pack(weight: torch.Tensor) -> torch.Tensor:
+    """oneDNN's packed copy of a weight [out, in], laid out for PACK_BATCH_HINT rows."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight, PACK_BATCH_HINT)
+
+
 class Linear:
     """y = x W^T + b, with W [out, in] as stored in Hugging Face checkpoints."""
 
@@ -104,17 +116,22 @@ class Linear:
             self.gemv_rows = cpu_kernels.gemv_step_rows()
         # More rows on the native GEMM over the GEMV's weight (AMX): then it is the only copy.
         self.gemm = self.gemv_weight is not None and cpu_kernels.gemm_rows_ready()
-        cpu_fp32 = PACK_FLOAT32 and weight.device.type == "cpu" and weight.dtype == torch.float32
+        cpu_fp32 = weight.device.type == "cpu" and weight.dtype == torch.float32
+        # float32 on Tide's AVX2 GEMM where the CPU has no AVX-512 (its only weight copy).
+        self.f32 = cpu_fp32 and NATIVE_FLOAT32 and cpu_kernels.gemm_f32_preferred()
         self.packed = (
             not self.gemm
-            and (cpu_bf16 or cpu_fp32)
+            and not self.f32
+            and (cpu_bf16 or (cpu_fp32 and PACK_FLOAT32))
             and torch.backends.mkldnn.is_available()
             and _packed_linear_works(weight.dtype)
         )
         if self.gemm:
             self.weight = self.gemv_weight  # what step_layers_packed takes (5-d: the GEMM's)
+        elif self.f32:
+            self.weight = cpu_kernels.ops().gemm_f32_pack(weight)  # 1-d: the AVX2 GEMM's
         elif self.packed:
-            self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, PACK_BATCH_HINT)
+            self.weight = _onednn_pack(weight)
         else:
             self.weight = weight
         self.split_rows = 0  # > 0: packed calls of more rows run in pieces of this many
@@ -131,6 +148,10 @@ class Linear:
         if self.gemm:
             rows = x.reshape(-1, self.in_features)
             y = cpu_kernels.ops().gemm_bf16(rows, self.gemv_weight, self.bias, self.out_features)
+            return y.view(*x.shape[:-1], self.out_features)
+        if self.f32:
+            rows = x.reshape(-1, self.in_features)
+            y = cpu_kernels.ops().gemm_f32(rows, self.weight, self.bias, self.out_features)
             return y.view(*x.shape[:-1], self.out_features)
         if self.packed:
             return self._packed(x)

@@ -1,5 +1,9 @@
 #!/usr/bin/env python3
-"""Projections past the GEMV's rows: the native AMX GEMM against oneDNN's packed matmul.
+"""Projections on Tide's own GEMMs against oneDNN's packed matmul.
+
+bfloat16 (default): the native AMX GEMM, past the GEMV's rows. float32 (``--dtype
+float32``): the AVX2 + FMA GEMM of kernels/csrc/cpu_gemm_f32.cpp, at every row count, which
+float32 projections take on CPUs without AVX-512 (AMD Zen 2/3).
 
 For each row count, each projection shape of ``dummy:bench`` (qkv, o, gate|up, down, their
 9 layers' weights streamed from memory as a step streams them) runs through
@@ -10,6 +14,7 @@ repeats) and their ratio. Compare ratios, not rates: the machine is shared.
 
     python scripts/bench_gemm.py
     python scripts/bench_gemm.py --rows 96,1024 --repeats 9
+    python scripts/bench_gemm.py --dtype float32 --rows 1,8,16,32,64,256,1024
 """
 
 from __future__ import annotations
@@ -42,22 +47,27 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=9)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     ops = cpu_kernels.ops()
-    if ops is None or not cpu_kernels.gemm_rows_ready():
+    f32 = args.dtype == "float32"
+    if f32 and (ops is None or not ops.gemm_f32_supported()):
+        raise SystemExit("no float32 GEMM here (it needs AVX2 + FMA and the native kernels)")
+    if not f32 and (ops is None or not cpu_kernels.gemm_rows_ready()):
         raise SystemExit("no native GEMM here (it needs AMX tiles and the native kernels)")
+    dtype = getattr(torch, args.dtype)
     gen = torch.Generator().manual_seed(0)
     weights = {
-        name: [(torch.randn(n, k, generator=gen) * 0.05).to(torch.bfloat16)
-               for _ in range(args.layers)]
+        name: [(torch.randn(n, k, generator=gen) * 0.05).to(dtype) for _ in range(args.layers)]
         for name, (n, k) in SHAPES.items()
-    }  # fmt: skip
+    }
     onednn = {
         name: [torch.ops.mkldnn._reorder_linear_weight(w, PACK_BATCH_HINT) for w in ws]
         for name, ws in weights.items()
     }
-    native = {name: [ops.gemv_pack_bf16(w) for w in ws] for name, ws in weights.items()}
+    pack, gemm = (ops.gemm_f32_pack, ops.gemm_f32) if f32 else (ops.gemv_pack_bf16, ops.gemm_bf16)
+    native = {name: [pack(w) for w in ws] for name, ws in weights.items()}
 
     def best(step) -> float:  # type: ignore[no-untyped-def]
         step()
@@ -72,7 +82,7 @@ def main() -> None:
     for rows in (int(r) for r in args.rows.split(",")):
         cells, row = [], {}
         for name, (n, k) in SHAPES.items():
-            x = torch.randn(rows, k, generator=gen).to(torch.bfloat16)
+            x = torch.randn(rows, k, generator=gen).to(dtype)
             padded = torch.cat([x, x.new_zeros(packed_rows(rows) - rows, k)])
 
             def run_onednn(name: str = name, padded: torch.Tensor = padded) -> None:
@@ -81,13 +91,13 @@ def main() -> None:
 
             def run_gemm(name: str = name, x: torch.Tensor = x, n: int = n) -> None:
                 for w in native[name]:
-                    ops.gemm_bf16(x, w, None, n)
+                    gemm(x, w, None, n)
 
             a, b = best(run_onednn), best(run_gemm)
             a, b = min(a, best(run_onednn)), min(b, best(run_gemm))  # alternate twice
             flops = 2.0 * rows * n * k * args.layers
             row[name] = {"onednn_tflops": flops / a / 1e12, "gemm_tflops": flops / b / 1e12}
-            cells.append(f"{name} {flops / a / 1e12:.2f} / {flops / b / 1e12:.2f} ({a / b:.2f}x)")
+            cells.append(f"{name} {flops / a / 1e12:.3f} / {flops / b / 1e12:.3f} ({a / b:.2f}x)")
         results[str(rows)] = row
         print(f"rows {rows}: " + " | ".join(cells) + "   (oneDNN / GEMM TFLOP/s)", flush=True)
     print(json.dumps(results))

@@ -35,6 +35,8 @@ bool gemm_rows_ready();
 // SiLU(gate) * up straight from gate|up's packed weight (AMX tiles; intermediate % 16 == 0).
 at::Tensor gate_up_silu_bf16(const at::Tensor& x, const at::Tensor& packed, int64_t intermediate);
 at::Tensor gemv_silu_bf16(const at::Tensor& x, const at::Tensor& packed, int64_t intermediate);
-int64_t gemv_step_rows();  // rows a step gives the GEMV (40 on AMX), past them the GEMM
+int64_t gemv_step_rows();
+// float32 on AVX2 + FMA over gemm_f32_pack's weight (cpu_gemm_f32.cpp).
+at::Tensor gemm_f32(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias, int64_t N);  // rows a step gives the GEMV (40 on AMX), past them the GEMM
 
 }  // namespace tide_ops

@@ -97,12 +97,14 @@ at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& w, const c10::op
 
 // The projection a step of x's rows takes, as kernels/linear.py's Linear picks: the GEMV's
 // weight (`small`, where given) up to small_rows rows; past them the AMX GEMM where `w` is
-// in the GEMV's layout too (5-d: Linear keeps no oneDNN copy then), else oneDNN's packed
+// in the GEMV's layout too (5-d: Linear keeps no oneDNN copy then), float32 on the AVX2
+// GEMM where `w` is its packed weight (1-d, cpu_gemm_f32.cpp), else oneDNN's packed
 // matmul. N: the projection's output columns.
 at::Tensor project(const at::Tensor& x, const at::Tensor& w, const at::Tensor* small, int64_t small_rows,
                    const c10::optional<at::Tensor>& bias, int64_t split, int64_t N) {
   if (small != nullptr && x.size(0) <= small_rows) return tide_ops::gemv_bf16(x, *small, bias, N);
   if (w.dim() == 5) return tide_ops::gemm_bf16(x, w, bias, N);
+  if (w.dim() == 1) return tide_ops::gemm_f32(x, w, bias, N);
   return packed_linear(x, w, bias, split);
 }
 

@@ -16,8 +16,10 @@ from kernels.linear import Linear, packed_row_buckets, packed_rows
 @pytest.fixture
 def onednn(monkeypatch):  # type: ignore[no-untyped-def]
     """Linears built in the test take oneDNN's packed matmul past the GEMV, as on a CPU
-    without AMX (with AMX, bf16 takes the native GEMM there: no buckets, no pieces)."""
+    without AMX (with AMX, bf16 takes the native GEMM there: no buckets, no pieces), and in
+    float32 as on a CPU with AVX-512 (without it, float32 takes the native AVX2 GEMM)."""
     monkeypatch.setattr(cpu_kernels, "gemm_rows_ready", lambda: False)
+    monkeypatch.setattr(cpu_kernels, "gemm_f32_preferred", lambda: False)
 
 
 def test_every_row_count_lands_in_a_listed_bucket_close_above_it():
@@ -107,6 +109,8 @@ def test_choose_row_split_keeps_pieces_only_where_they_are_faster(
 
     monkeypatch.setattr(Linear, "_onednn", fake_onednn)
     monkeypatch.setattr(linear, "_packed_linear_works", lambda dtype=None: True)
+    # No real packing: oneDNN refuses bf16 weights on CPUs without AVX-512 (an AVX2 EPYC).
+    monkeypatch.setattr(linear, "_onednn_pack", lambda weight: weight)
     layers = [Linear(torch.zeros(16, 32, dtype=torch.bfloat16)) for _ in range(3)]
     assert linear.choose_row_split(layers, 1000) == expected
     assert [lin.split_rows for lin in layers] == [expected] * 3

@@ -26,8 +26,10 @@ pytestmark = [
 
 def take_onednn(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """Engines built after this take oneDNN's packed matmul past the GEMV, as on a CPU
-    without AMX (on one with AMX, bf16 takes the native GEMM there by default)."""
+    without AMX (on one with AMX, bf16 takes the native GEMM there by default), and in
+    float32 as on a CPU with AVX-512 (without it, float32 takes the native AVX2 GEMM)."""
     monkeypatch.setattr(cpu_kernels, "gemm_rows_ready", lambda: False)
+    monkeypatch.setattr(cpu_kernels, "gemm_f32_preferred", lambda: False)
 
 
 class Spy:
@@ -76,14 +78,18 @@ step_kinds: set[tuple[bool, bool]] = set()  # (decode rows, prefill chunks) of t
 
 
 @pytest.mark.parametrize(
-    ("dtype", "matmul"), [("float32", "onednn"), ("bfloat16", "native"), ("bfloat16", "onednn")]
+    ("dtype", "matmul"),
+    [("float32", "onednn"), ("float32", "native"), ("bfloat16", "native"), ("bfloat16", "onednn")],
 )
 def test_one_call_packed_step_equals_the_op_by_op_loop(tiny_path, dtype, matmul, monkeypatch):
-    """Five rows of different lengths: in float32 padded to the packed bucket (8), the
-    padding rows never written to the cache nor attended; in bf16 on the GEMV's weights
-    where it takes five rows (AMX), unpadded, and past them on the GEMM or oneDNN's."""
+    """Five rows of different lengths: in float32 on oneDNN padded to the packed bucket (8),
+    the padding rows never written to the cache nor attended, or on the native AVX2 GEMM
+    (CPUs without AVX-512), unpadded; in bf16 on the GEMV's weights where it takes five
+    rows (AMX), unpadded, and past them on the GEMM or oneDNN's."""
     if matmul == "onednn":
         take_onednn(monkeypatch)
+    elif dtype == "float32" and not cpu_kernels.gemm_f32_preferred():
+        pytest.skip("AVX-512 or no AVX2 here: float32 takes oneDNN's packed matmul")
     prompts = [[1, *range(10, 10 + n)] for n in (3, 17, 40, 9, 26)]
     a = run(tiny_path, dtype, prompts, one_call=True)
     b = run(tiny_path, dtype, prompts, one_call=False)
@@ -171,6 +177,8 @@ def test_a_profile_of_a_whole_step_call_names_the_kernels_inside(tiny_path):
         for e in prof.events()
         if e.cpu_parent is not None and e.cpu_parent.name == "tide::step_layers_packed"
     }
+    f32 = engine.runner.model.layers[0].qkv.f32
+    matmul = "tide::gemm_f32" if f32 else "mkldnn::_linear_pointwise"
     inside = {"tide::paged_decode_attention", "tide::write_kv_cache", "tide::rotary_",
-              "tide::silu_mul", "tide::add_rms_norm_", "mkldnn::_linear_pointwise"}  # fmt: skip
+              "tide::silu_mul", "tide::add_rms_norm_", matmul}  # fmt: skip
     assert inside <= under_step, inside - under_step

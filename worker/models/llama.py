@@ -141,7 +141,7 @@ class LlamaModel:
         packed path, with the same GEMV row limit, and no bias but the qkv one; with the
         GEMV's weights too where decode_layers has them, for steps of up to small_rows rows."""
         linears = [lin for lay in self.layers for lin in (lay.qkv, lay.o, lay.gate_up, lay.down)]
-        if self.native is None or not all(lin.packed or lin.gemm for lin in linears):
+        if self.native is None or not all(lin.packed or lin.gemm or lin.f32 for lin in linears):
             return
         if len({lin.gemv_rows for lin in linears}) != 1:
             return
