@@ -190,6 +190,7 @@ def main() -> int:
             f"native CPU kernels: ready in {build_dir()} "
             f"(GEMV for up to {gemv_max_rows()} rows; 0 = this CPU lacks AVX-512 BF16; "
             f"GEMM past them: {'AMX' if gemm_rows_ready() else 'oneDNN'}; "
+            f"float32 projections: {'Tide AVX2 GEMM' if gemm_f32_preferred() else 'oneDNN'}; "
             f"bf16 attention on {attention_pass_isa() or 'SDPA: no AMX or AVX-512 BF16'})"
         )
     return 0
