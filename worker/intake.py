@@ -43,7 +43,7 @@ class Intake:
         with contextlib.suppress(Exception):  # the old connection is already broken
             if self.wakeups is not None:
                 self.wakeups.close()
-        self.wakeups = client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+        self.wakeups = client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call, unused-ignore]  # typed from redis 8
         self.wakeups.subscribe(Keys.wakeup)
         self._queues_empty_at = None
 
