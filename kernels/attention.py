@@ -49,6 +49,22 @@ def set_attention_backend(name: str) -> None:
     _backend = name
 
 
+def resolve_backend(name: str, device: torch.device, block_size: int, head_dim: int) -> str:
+    """The backend a runner on this device sets. ``auto`` (triton on CUDA) stays where the
+    Triton kernels take the shape (block_size and head_dim >= 16); on CUDA with a shape they
+    cannot take it becomes the torch reference, so a small model (stories260K: head_dim 8)
+    still runs on a GPU. A forced triton that cannot take the shape is refused."""
+    fits = block_size >= 16 and head_dim >= 16
+    if name == "auto" and device.type == "cuda" and not fits:
+        return "torch"
+    if name == "triton" and not fits:
+        raise ValueError(
+            f"the Triton attention kernels need block_size >= 16 and head_dim >= 16, "
+            f"got block_size {block_size}, head_dim {head_dim}"
+        )
+    return name
+
+
 def _use_triton(t: torch.Tensor) -> bool:
     return _backend == "triton" or (_backend == "auto" and t.is_cuda)
 

@@ -4,6 +4,8 @@ one JSON line on stdout, a few minutes on an H200.
 
     python scripts/gpu_check.py            # random-weight Llama-3-8B and Qwen2.5-7B shapes, bf16
     python scripts/gpu_check.py --smoke    # a tiny shape, any device (CI runs it on CPU)
+    python scripts/gpu_check.py --out r.json --stories ../shared/models/stories260K
+        # also write the report as it grows; also check the llama2.c references
 
 No network and no service dependencies: the models are built in code, directly on the
 device, from torch, triton and numpy (what the engine imports besides is listed under
@@ -14,13 +16,14 @@ section never hides the others. Without CUDA and without --smoke it prints
 Recorded per model: start-up with default settings (error, or seconds, KV blocks and the
 CUDA-graph capture time); greedy tokens with the Triton backend (CUDA graphs on, and off)
 and the torch backend over prompts that hit the prefix cache and, in a small pool, get
-preempted; decode step time at batch 1/16/64 and context 512/4096 with CUDA graphs and
-eager (first step and steady median, host time, compiled variants added), the batch-1
-step against its weight-read time at the measured copy bandwidth; a profiler split of a
-steady decode step (device busy vs wall: the GPU's idle share); prefill tokens/s at 1k
-and 8k; sampler cost at temperature 0 and 1; decode-attention bandwidth against a
-measured device copy. On CPU (--smoke) the graph path runs eagerly (padded static
-buffers), and the profiler split is skipped.
+preempted; the two backends' logits over one greedy request (largest difference, and the
+top-2 margin where the tokens first differ: bf16 near-ties on random weights); decode step
+time at batch 1/16/64 and context 512/4096 with CUDA graphs and eager (first step and steady
+median, host time, compiled variants added), the batch-1 step against its weight-read time
+at the measured copy bandwidth; a profiler split of a steady decode step (device busy vs
+wall: the GPU's idle share); prefill tokens/s at 1k and 8k; sampler cost at temperature 0
+and 1; decode-attention bandwidth against a measured device copy. On CPU (--smoke) the graph
+path runs eagerly (padded static buffers), and the profiler split is skipped.
 """
 
 from __future__ import annotations
@@ -37,9 +40,10 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, uninstalled
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling, gpu_decode.py
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # its siblings gpu_decode, gpu_greedy
 
-from gpu_decode import copy_bandwidth, decode_steps, section, sync, timed
+from gpu_decode import copy_bandwidth, decode_steps, device_time, section, sync, timed
+from gpu_greedy import greedy_match, logits_gap, stories_references
 
 ALLOWED = {"torch", "triton", "safetensors", "tokenizers", "numpy", "xxhash"}
 SHAPES: dict[str, dict[str, Any]] = {
@@ -107,55 +111,6 @@ def startup(model, device: torch.device) -> dict[str, Any]:  # type: ignore[no-u
     }
 
 
-def greedy_match(model, smoke: bool) -> dict[str, Any]:  # type: ignore[no-untyped-def]
-    """The same greedy workload on both backends: a shared prefix (hits), a small pool
-    (preemptions)."""
-    from kernels import set_attention_backend
-    from worker.engine import SamplingParams
-    from worker.engine.config import EngineConfig
-    from worker.engine.llm_engine import LLMEngine
-
-    prefix = [(7 * i) % 200 + 3 for i in range(48 if smoke else 256)]
-    prompts = [prefix + [5 + i] * (4 + i) for i in range(4)]
-    params = SamplingParams(max_tokens=12 if smoke else 32, temperature=0.0, ignore_eos=True)
-    per_seq = -(-(len(prompts[-1]) + params.max_tokens) // 16)
-    result: dict[str, Any] = {}
-    # On CUDA "triton" replays CUDA graphs for decode steps; on CPU it runs the same padded
-    # steps eagerly. "triton_no_graphs" (CUDA only) is the unpadded eager path.
-    graphs = "auto" if model.device.type == "cuda" else "eager"
-    runs = [("triton", "triton", graphs), ("torch", "torch", "off")]
-    if model.device.type == "cuda":
-        runs.insert(1, ("triton_no_graphs", "triton", "off"))
-    for name, backend, mode in runs:
-        config = EngineConfig(num_kv_blocks=per_seq + 1, attention_backend=backend,
-                              max_num_batched_tokens=64 if smoke else 512,
-                              cuda_graphs=mode)  # fmt: skip
-        engine = LLMEngine(model, None, config)
-        try:
-            outs = engine.generate([list(p) for p in prompts], params)
-        finally:
-            set_attention_backend("auto")
-        stats = engine.stats()
-        result[name] = {
-            "tokens": [o.token_ids for o in outs],
-            "prefix_hits": stats["prefix_cache_hits"],
-            "preemptions": stats["num_preemptions"],
-        }
-        del engine
-    a, b = result["triton"]["tokens"], result["torch"]["tokens"]
-    diverge = [next((j for j, (x, y) in enumerate(zip(s, t, strict=True)) if x != y), None)
-               for s, t in zip(a, b, strict=True)]  # fmt: skip
-    graphs_equal = None
-    if "triton_no_graphs" in result:
-        graphs_equal = result["triton_no_graphs"]["tokens"] == a
-    return {
-        "equal": a == b,
-        "first_divergence": diverge,
-        "graphs_equal_eager": graphs_equal,
-        **{k: {f: v[f] for f in ("prefix_hits", "preemptions")} for k, v in result.items()},
-    }
-
-
 def sampler_cost(vocab: int, device: torch.device, reps: int) -> dict[str, Any]:
     from worker.engine.request import Request
     from worker.engine.sampler import Sampler
@@ -183,8 +138,7 @@ def attention_bandwidth(device: torch.device, smoke: bool, copy_gb_s: float) -> 
     lens = torch.full((n,), context, dtype=torch.int32, device=device)
     q = torch.randn(n, heads, hd, dtype=torch.bfloat16, device=device)
     call = lambda: tk.decode_attention(q, k, v, tables, lens, hd**-0.5, context)  # noqa: E731
-    call()
-    seconds = min(timed(call, device) for _ in range(3 if smoke else 20))
+    seconds = device_time(call, device, 3 if smoke else 50)
     kv_bytes = 2 * n * context * kvh * hd * 2
     achieved, peak = kv_bytes / seconds, copy_gb_s * 1e9
     return {"shape": f"batch {n}, context {context}, kv_heads {kvh}, head_dim {hd}, bf16",
@@ -204,32 +158,41 @@ def imports_outside_allowed() -> list[str]:
     return extra
 
 
-def run(smoke: bool) -> dict[str, Any]:
+def run(smoke: bool, out: Path | None = None, stories: Path | None = None) -> dict[str, Any]:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     plan = SMOKE if smoke else FULL
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     report: dict[str, Any] = {"device": name, "torch": torch.__version__, "smoke": smoke}
+
+    def step(into: dict[str, Any], title: str, fn) -> None:  # type: ignore[no-untyped-def]
+        section(into, title, fn)
+        if out is not None:  # the report so far: a run cut off keeps what it measured
+            out.write_text(json.dumps(report))
+
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     copy_gb_s = copy_bandwidth(device, smoke)
     report["copy_gb_s"] = round(copy_gb_s, 1)
+    if stories is not None:
+        step(report, "stories260k_references", lambda: stories_references(stories, device))
     for shape in ("tiny",) if smoke else ("llama3-8b", "qwen2.5-7b"):
         entry: dict[str, Any] = {}
+        report[shape] = entry
         start = time.perf_counter()
         model = build_random_model(SHAPES[shape], device, dtype)
         sync(device)
         entry["build_seconds"] = round(time.perf_counter() - start, 2)
-        section(entry, "startup_defaults", lambda m=model: startup(m, device))
+        step(entry, "startup_defaults", lambda m=model: startup(m, device))
         if device.type == "cuda":
             torch.cuda.empty_cache()
-        section(entry, "greedy_triton_vs_torch", lambda m=model: greedy_match(m, smoke))
-        section(entry, "decode", lambda m=model: decode_steps(m, device, plan, copy_gb_s))
-        section(entry, "sampler", lambda m=model: sampler_cost(m.config.vocab_size, device,
+        step(entry, "greedy_triton_vs_torch", lambda m=model: greedy_match(m, smoke))
+        step(entry, "logits_triton_vs_torch", lambda m=model: logits_gap(m, smoke))
+        step(entry, "decode", lambda m=model: decode_steps(m, device, plan, copy_gb_s))
+        step(entry, "sampler", lambda m=model: sampler_cost(m.config.vocab_size, device,
                                                                 plan["reps"]))  # fmt: skip
-        report[shape] = entry
         del model
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    section(report, "decode_attention_bandwidth",
+    step(report, "decode_attention_bandwidth",
              lambda: attention_bandwidth(device, smoke, copy_gb_s))  # fmt: skip
     report["imports_outside_allowed"] = imports_outside_allowed()
     return report
@@ -238,6 +201,18 @@ def run(smoke: bool) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--smoke", action="store_true", help="a tiny model on any device")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        metavar="PATH",
+        help="also write the report here, rewritten after every section",
+    )
+    parser.add_argument(
+        "--stories",
+        type=Path,
+        metavar="DIR",
+        help="also check greedy tokens against the llama2.c references in this stories260K folder",
+    )
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         if not args.smoke:
@@ -245,8 +220,10 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels load
     start = time.perf_counter()
-    report = run(args.smoke)
+    report = run(args.smoke, args.out, args.stories)
     report["seconds"] = round(time.perf_counter() - start, 1)
+    if args.out is not None:
+        args.out.write_text(json.dumps(report))
     print(json.dumps(report))
     return 0
 

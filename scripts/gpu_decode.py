@@ -25,6 +25,22 @@ def timed(fn, device: torch.device) -> float:  # type: ignore[no-untyped-def]
     return time.perf_counter() - start
 
 
+def device_time(fn, device: torch.device, iters: int) -> float:  # type: ignore[no-untyped-def]
+    """Seconds per call of back-to-back calls: CUDA events on a GPU (a kernel's own rate, its
+    launches overlapped as in a captured step), the best of single wall-clock calls on CPU."""
+    fn()
+    if device.type != "cuda":
+        return min(timed(fn, device) for _ in range(iters))
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / iters / 1e3
+
+
 def section(out: dict[str, Any], name: str, fn) -> None:  # type: ignore[no-untyped-def]
     try:
         out[name] = fn()
@@ -94,26 +110,38 @@ def device_busy(runner, sched, device: torch.device) -> dict[str, Any]:  # type:
             "kernels_per_step": len(kernels) // steps}  # fmt: skip
 
 
+def _prefill_tok_s(runner, n: int, bs: int, device: torch.device) -> int:  # type: ignore[no-untyped-def]
+    from worker.engine.scheduler import ScheduledRequest, SchedulerOutput
+
+    blocks = list(range(-(-n // bs)))
+    sched = SchedulerOutput([ScheduledRequest("p", [1] * n, 0, blocks, True)])
+    runner.execute(sched)  # compile
+    seconds = min(timed(lambda: runner.execute(sched), device) for _ in range(2))
+    return round(n / seconds)
+
+
 def decode_steps(model, device: torch.device, plan: dict[str, Any], copy_gb_s: float | None):  # type: ignore[no-untyped-def]
     """Decode steps with CUDA graphs (eager padded steps on CPU) and without, one runner at
     a time (each holds its own KV pool); prefill tokens/s on the first."""
     from worker.engine.config import EngineConfig
     from worker.engine.model_runner import ModelRunner, model_weight_bytes
-    from worker.engine.scheduler import ScheduledRequest, SchedulerOutput
 
     bs, max_b, max_c = 16, max(plan["batches"]), max(plan["contexts"])
     graphs = "auto" if device.type == "cuda" else "eager"
     out: dict[str, Any] = {"variants_at_start": compiled_variants()}
     for label, mode in (("graphs", graphs), ("eager", "off")):
+        # The step budget holds the longest prefill measured below in one chunk.
         config = EngineConfig(num_kv_blocks=max_b * (max_c // bs + 1), max_num_seqs=max_b,
+                              max_num_batched_tokens=max(plan["prefills"]),
                               cuda_graphs=mode)  # fmt: skip
         runner = ModelRunner(model, config, model.config.max_model_len)
         out[f"{label}_mode"] = runner.graph_mode
         out[f"variants_after_{label}_warmup"] = compiled_variants()
         for batch in plan["batches"]:
             for context in plan["contexts"]:
-                times = _step_times(runner, _decode_sched(batch, context, bs), device, plan["reps"])
-                out[f"{label}_b{batch}_c{context}"] = times
+                sched = _decode_sched(batch, context, bs)
+                timing = lambda r=runner, s=sched: _step_times(r, s, device, plan["reps"])  # noqa: E731
+                section(out, f"{label}_b{batch}_c{context}", timing)
         out[f"variants_after_{label}_serving"] = compiled_variants()
         if device.type == "cuda":
             sched = _decode_sched(max_b, min(plan["contexts"]), bs)
@@ -121,13 +149,8 @@ def decode_steps(model, device: torch.device, plan: dict[str, Any], copy_gb_s: f
                      lambda r=runner, s=sched: device_busy(r, s, device))  # fmt: skip
         if label == "graphs":
             for n in plan["prefills"]:
-                blocks = list(range(-(-n // bs)))
-                sched = SchedulerOutput([ScheduledRequest("p", [1] * n, 0, blocks, True)])
-                runner.execute(sched)  # compile
-                seconds = min(
-                    timed(lambda r=runner, s=sched: r.execute(s), device) for _ in range(2)
-                )
-                out[f"prefill_{n}_tok_s"] = round(n / seconds)
+                section(out, f"prefill_{n}_tok_s",
+                        lambda r=runner, n=n: _prefill_tok_s(r, n, bs, device))  # fmt: skip
         del runner
         if device.type == "cuda":
             torch.cuda.empty_cache()
@@ -146,6 +169,5 @@ def copy_bandwidth(device: torch.device, smoke: bool) -> float:
     """GB/s of a device-to-device copy (reads plus writes), the bandwidth the goals use."""
     src = torch.empty((1 << 24) if smoke else (1 << 30), dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
-    dst.copy_(src)
-    seconds = min(timed(lambda: dst.copy_(src), device) for _ in range(3 if smoke else 10))
+    seconds = device_time(lambda: dst.copy_(src), device, 3 if smoke else 20)
     return 2 * src.numel() / seconds / 1e9

@@ -85,3 +85,17 @@ def test_engine_config_rejects_bad_values():
         EngineConfig(block_size=12)
     with pytest.raises(ValueError, match="kv_cache_memory must be positive"):
         EngineConfig(kv_cache_memory=0)
+
+
+def test_auto_falls_back_to_torch_where_the_triton_kernels_cannot_take_the_shape():
+    # stories260K (head_dim 8) on a GPU: auto must not pick kernels that refuse the shape.
+    from kernels.attention import resolve_backend
+
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert resolve_backend("auto", cuda, block_size=16, head_dim=128) == "auto"  # triton
+    assert resolve_backend("auto", cuda, block_size=16, head_dim=8) == "torch"
+    assert resolve_backend("auto", cuda, block_size=8, head_dim=64) == "torch"
+    assert resolve_backend("auto", cpu, block_size=16, head_dim=8) == "auto"
+    assert resolve_backend("torch", cuda, block_size=16, head_dim=8) == "torch"
+    with pytest.raises(ValueError, match="head_dim >= 16, got block_size 16, head_dim 8"):
+        resolve_backend("triton", cuda, block_size=16, head_dim=8)

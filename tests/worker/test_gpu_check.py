@@ -45,9 +45,12 @@ def test_without_cuda_it_says_so():
 
 
 @pytest.mark.slow
-def test_the_smoke_run_measures_every_section():
-    rc, report = run_check("--smoke")
+def test_the_smoke_run_measures_every_section(tmp_path, stories_path):
+    out = tmp_path / "partial.json"
+    rc, report = run_check("--smoke", "--out", str(out), "--stories", str(stories_path))
     assert rc == 0 and report["smoke"] is True
+    # --out holds the report as it grows (a run cut off keeps what it measured), whole at the end.
+    assert json.loads(out.read_text()) == report
     tiny = report["tiny"]
     errors = {k: v for k, v in tiny.items() if isinstance(v, dict) and "error" in v}
     assert not errors and "error" not in report["decode_attention_bandwidth"]
@@ -55,10 +58,14 @@ def test_the_smoke_run_measures_every_section():
     greedy = tiny["greedy_triton_vs_torch"]
     assert greedy["equal"], greedy
     assert greedy["triton"]["prefix_hits"] > 0 and greedy["triton"]["preemptions"] > 0
+    gap = tiny["logits_triton_vs_torch"]
+    assert gap["first_divergence"] is None and gap["max_abs_logit_diff"] < 1e-3, gap
     decode = tiny["decode"]
     assert {"graphs_b1_c32", "eager_b4_c80", "prefill_128_tok_s"} <= set(decode)
     # On CPU the CUDA-graph path runs its padded static-buffer steps eagerly.
     assert decode["graphs_mode"] == "eager" and decode["eager_mode"] == "off"
     assert decode["graphs_b1_c32_over_weight_read"] > 0
     assert set(tiny["sampler"]) == {"b64_t0_ms", "b64_t1_ms"}
+    stories = report["stories260k_references"]
+    assert stories["prompts"] > 0 and stories["matched"] == stories["prompts"], stories
     assert not set(report["imports_outside_allowed"]) & set(SERVICE_MODULES)

@@ -21,6 +21,7 @@ import torch
 from kernels.attention import (
     decode_reads_rows_in_place,
     native_prefill,
+    resolve_backend,
     set_attention_backend,
 )
 from kernels.launch import check_devices
@@ -78,10 +79,14 @@ class ModelRunner:
         self.device = model.device
         cfg = model.config
         self.block_bytes = cfg.kv_bytes_per_token(model.dtype.itemsize) * self.block_size
-        set_attention_backend(config.attention_backend)
-        triton = config.attention_backend == "triton" or (
-            config.attention_backend == "auto" and self.device.type == "cuda"
+        backend = resolve_backend(
+            config.attention_backend, self.device, self.block_size, cfg.head_dim
         )
+        if backend != config.attention_backend:
+            log.info("attention: %s on %s for head_dim %d, block_size %d", backend,
+                     self.device, cfg.head_dim, self.block_size)  # fmt: skip
+        set_attention_backend(backend)
+        triton = backend == "triton" or (backend == "auto" and self.device.type == "cuda")
         # Kernels that read each row's own length take every decode row in one launch.
         self.one_decode_group = triton or decode_reads_rows_in_place(self.device, model.dtype)
         # Every prefill chunk of a step in one call: Triton's varlen launch, or the native
@@ -90,11 +95,6 @@ class ModelRunner:
             decode_reads_rows_in_place(self.device, model.dtype)
             and native_prefill(model.dtype, cfg.head_dim)
         )
-        if triton and (self.block_size < 16 or model.config.head_dim < 16):
-            raise ValueError(
-                f"the Triton attention kernels need block_size >= 16 and head_dim >= 16, "
-                f"got block_size {self.block_size}, head_dim {model.config.head_dim}"
-            )
         # Persistent step inputs (worker/engine/step_inputs.py), sized for the largest step.
         largest = max(config.max_num_batched_tokens, config.max_num_seqs)
         self.builder = StepBuilder(
