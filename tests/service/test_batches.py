@@ -100,7 +100,10 @@ def test_malformed_files_fail_with_the_line_named(client):
 
 def test_cancel_mid_batch_keeps_partial_results(client, fleet_redis):
     body = {"prompt": "Once upon a time", "max_tokens": 200, "temperature": 0, "ignore_eos": True}
-    content = "\n".join(line(f"c-{i}", body) for i in range(40)).encode()
+    # Enough lines that the cancel lands mid-batch on a fast CPU too: 40 lines finished in
+    # the time the loop below took to see two completed and cancel (1 run in 3 on a Zen 5).
+    lines = 160
+    content = "\n".join(line(f"c-{i}", body) for i in range(lines)).encode()
     f = client.files.create(file=("cancel.jsonl", content), purpose="batch")
     batch = client.batches.create(
         input_file_id=f.id, endpoint="/v1/completions", completion_window="24h"
@@ -114,10 +117,10 @@ def test_cancel_mid_batch_keeps_partial_results(client, fleet_redis):
     client.batches.cancel(batch.id)
     done = wait_batch(client, batch.id)
     assert done.status == "cancelled"
-    assert 2 <= done.request_counts.completed < 40
+    assert 2 <= done.request_counts.completed < lines
     output = client.files.content(done.output_file_id).text.splitlines()
     errors = client.files.content(done.error_file_id).text.splitlines()
-    assert len(output) == done.request_counts.completed and len(output) + len(errors) == 40
+    assert len(output) == done.request_counts.completed and len(output) + len(errors) == lines
     assert {json.loads(e)["error"]["code"] for e in errors} == {"job_cancelled"}
 
 
