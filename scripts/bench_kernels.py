@@ -20,6 +20,17 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling gpu_decode
+
+from gpu_decode import device_time
+
+
+def timed(fn) -> float:  # type: ignore[no-untyped-def]
+    """Seconds per call over 50 back-to-back calls (CUDA events), after warm-up calls."""
+    for _ in range(4):
+        fn()
+    return device_time(fn, torch.device("cuda"), 50)
+
 
 # Peak HBM bandwidth, bytes/s (vendor figures).
 PEAK_BANDWIDTH = {
@@ -35,19 +46,6 @@ def peak_for(name: str) -> float | None:
         if key.lower() in name.lower():
             return PEAK_BANDWIDTH[key]
     return None
-
-
-def timed(fn, iters: int = 50) -> float:  # type: ignore[no-untyped-def]
-    for _ in range(5):
-        fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize()
-    start.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / iters / 1e3
 
 
 def main() -> None:
