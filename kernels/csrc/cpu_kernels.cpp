@@ -124,7 +124,9 @@ void decode_task_avx512(const float* qf, const T* qraw, float scale, int64_t G, 
   // every block edge: fetch rows kAhead tokens (four 16-token blocks) early by hand. On an
   // AMD EPYC with AVX-512 BF16 (Zen 5), 64 rows of 100-800 scattered keys, bf16, head_dim
   // 64, read 13.3-14.1 GB/s at 64 ahead, 12.1-12.4 at 16, 11.2-11.8 at 32, 10.9-11.0 at
-  // 128 (a copy of scripts/bench_cpu_attention.py's decode read-rate case, builds alternated).
+  // 128 (a copy of scripts/bench_cpu_attention.py's decode read-rate case, builds alternated);
+  // a later rerun with the distance a run-time switch put 32, 64 and 128 within 13.3-15.3
+  // GB/s of each other and no prefetch at 10.6-11.2 (docs/benchmarks.md, session 26).
   constexpr int64_t kAhead = 64;
   constexpr int64_t row_bytes = D * sizeof(T);
   auto prefetch_row = [&](const T* head, int64_t t) {
