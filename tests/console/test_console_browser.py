@@ -7,10 +7,13 @@ docs/img/console-fleet.png).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
 import time
+from collections.abc import Iterator
 
 import pytest
 
@@ -181,14 +184,34 @@ def _first_running(api, jobs: list[str]) -> tuple[str, str | None] | None:
     return None
 
 
+def _live_worker_pid(console_fleet) -> int:
+    with console_fleet.client("key-op") as op:
+        workers = op.get("/console/api/fleet").json()["workers"]
+    return next(w["pid"] for w in workers if w["pool"] == "live")
+
+
+@contextlib.contextmanager
+def _frozen(pid: int) -> Iterator[None]:
+    """SIGSTOP the worker for the length of the block, SIGCONT after whatever happens."""
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
 def test_cancel_a_running_job(console, console_fleet):
+    """The click lands while the live worker is frozen (SIGSTOP) with the job in progress:
+    on a fast CPU stories260K writes 280 tokens quicker than a page loads and a click
+    lands, so without the freeze every round could end before its cancel (CI saw it)."""
     console.sign_in("key-a")
     body = {"prompt": "Once upon a time", "max_tokens": 280, "ignore_eos": True}
+    pid = _live_worker_pid(console_fleet)
     with console_fleet.client("key-a") as api:
         submitted: list[str] = []
         try:
             cancelled = None
-            for _ in range(4):  # a round can end between two looks or before the click lands
+            for _ in range(4):  # a round can end between two looks or before the freeze
                 jobs = [api.post("/v1/jobs", json=body).json()["id"] for _ in range(8)]
                 submitted += jobs
                 try:
@@ -203,13 +226,18 @@ def test_cancel_a_running_job(console, console_fleet):
                     continue
                 console.go(f"jobs/{running}")
                 button = console.wait(lambda: console.visible("#cancel-job:enabled"), "cancel")
-                button.click()
+                with _frozen(pid):
+                    if api.get(f"/v1/jobs/{running}").json()["status"] != "in_progress":
+                        continue  # it ended before the freeze: a fresh round
+                    button.click()
+                    asked = f"/console/api/jobs/{running}"
+                    console.wait(lambda u=asked: api.get(u).json()["cancel_requested"], "asked")
                 final = console.wait(
                     lambda: console.attr("#main", "data-job-status") in ("cancelled", "completed")
                     and console.attr("#main", "data-job-status"), "the job ended")  # fmt: skip
-                if final == "cancelled":
-                    cancelled = api.get(f"/v1/jobs/{running}").json()
-                    break
+                assert final == "cancelled", "a job frozen in progress completed after its cancel"
+                cancelled = api.get(f"/v1/jobs/{running}").json()
+                break
             assert cancelled is not None, "every job ended before its cancel"
             assert cancelled["result"]["finish_reason"] == "abort"
             assert cancelled["usage"]["completion_tokens"] < 280
