@@ -63,6 +63,7 @@ HEADERS = (
     CSRC / "amx_tile_pass.h",
     CSRC / "avx512_bf16_pass.h",
     CSRC / "attention_passes.h",
+    CSRC / "decode_amx.h",
     CSRC / "decode_avx2.h",
     CSRC / "longest_first.h",
     CSRC / "silu_avx512.h",

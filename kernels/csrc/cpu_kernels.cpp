@@ -9,7 +9,8 @@
 //
 // The small-batch projections are in cpu_gemv.cpp. Built on first use by kernels/cpu.py
 // with -march=native; where AVX-512 BF16 is missing decode attention runs on AVX2 + FMA
-// (decode_avx2.h) or, without those or at other head dims, a portable loop.
+// (decode_avx2.h) or, without those or at other head dims, a portable loop; bf16 Q.K
+// runs on AMX tiles where Linux grants them (decode_amx.h).
 
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
@@ -27,6 +28,7 @@
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
+#include "decode_amx.h"
 #include "decode_avx2.h"
 #include "cpu_ops.h"
 #include "longest_first.h"
@@ -78,9 +80,10 @@ __attribute__((always_inline)) inline __m512 transpose_sum16(const __m512* v) {
   return _mm512_add_ps(_mm512_shuffle_f32x4(t0, t1, 0x88), _mm512_shuffle_f32x4(t0, t1, 0xDD));
 }
 
-// out[h] = inv_sum[h] * sum_t p[h, t] V[t] for HN query heads, accumulators in registers.
+// out[h] = inv_sum[h] * sum_t p[h * ps_h + t * ps_t] V[t] for HN query heads, accumulators
+// in registers.
 template <typename T, int NV, int HN>
-void pv_heads(const float* p, int64_t Lp, const float* inv_sum, int64_t len, const int64_t* table, int64_t BS,
+void pv_heads(const float* p, int64_t ps_h, int64_t ps_t, const float* inv_sum, int64_t len, const int64_t* table, int64_t BS,
               const T* v_head, float* out) {
   constexpr int D = 16 * NV;
   constexpr int64_t kAhead = 64;  // as decode_task_avx512's K rows
@@ -99,13 +102,34 @@ void pv_heads(const float* p, int64_t Lp, const float* inv_sum, int64_t len, con
     __m512 vv[NV];
     for (int v = 0; v < NV; ++v) vv[v] = load16(src + 16 * v);
     for (int h = 0; h < HN; ++h) {
-      const __m512 ph = _mm512_set1_ps(p[h * Lp + t]);
+      const __m512 ph = _mm512_set1_ps(p[h * ps_h + t * ps_t]);
       for (int v = 0; v < NV; ++v) acc[h][v] = _mm512_fmadd_ps(ph, vv[v], acc[h][v]);
     }
   }
   for (int h = 0; h < HN; ++h) {
     const __m512 scale = _mm512_set1_ps(inv_sum[h]);
     for (int v = 0; v < NV; ++v) _mm512_storeu_ps(out + h * D + 16 * v, _mm512_mul_ps(acc[h][v], scale));
+  }
+}
+
+// P.V for all G heads (head h's p at p[h * ps_h + t * ps_t]), up to 16 / NV query heads
+// at a time with their accumulators in registers.
+template <typename T, int NV>
+void pv_all(const float* p, int64_t ps_h, int64_t ps_t, const float* inv_sum, int64_t G, int64_t len,
+            const int64_t* table, int64_t BS, const T* v_head, float* out) {
+  constexpr int HC = 16 / NV > 8 ? 8 : 16 / NV;
+  for (int64_t g0 = 0; g0 < G;) {
+    const int64_t left = G - g0;
+    const int hn = left >= HC ? HC : left >= 4 ? 4 : left >= 2 ? 2 : 1;
+    const float* pg = p + g0 * ps_h;
+    float* o = out + g0 * 16 * NV;
+    switch (hn) {
+      case 8: pv_heads<T, NV, (HC >= 8 ? 8 : 1)>(pg, ps_h, ps_t, inv_sum + g0, len, table, BS, v_head, o); break;
+      case 4: pv_heads<T, NV, (HC >= 4 ? 4 : 1)>(pg, ps_h, ps_t, inv_sum + g0, len, table, BS, v_head, o); break;
+      case 2: pv_heads<T, NV, (HC >= 2 ? 2 : 1)>(pg, ps_h, ps_t, inv_sum + g0, len, table, BS, v_head, o); break;
+      default: pv_heads<T, NV, 1>(pg, ps_h, ps_t, inv_sum + g0, len, table, BS, v_head, o); break;
+    }
+    g0 += hn;
   }
 }
 
@@ -133,11 +157,29 @@ void decode_task_avx512(const float* qf, const T* qraw, float scale, int64_t G, 
     const char* p = reinterpret_cast<const char*>(head + (table[t >> bs_shift] * BS + (t & bs_mask)) * D);
     for (int64_t off = 0; off < row_bytes; off += 64) _mm_prefetch(p + off, _MM_HINT_T0);
   };
-  for (int64_t t0 = 0; t0 < len; t0 += 16) {
-    const int64_t m = std::min<int64_t>(16, len - t0);
+  auto prefetch_ahead = [&](int64_t t0) {
     for (int64_t t = t0 + kAhead; t < std::min(len, t0 + kAhead + 16); ++t) prefetch_row(k_head, t);
     if (t0 == 0)  // V is read after the softmax: start its first rows now.
       for (int64_t t = 0; t < std::min(len, kAhead); ++t) prefetch_row(v_head, t);
+  };
+#if defined(TIDE_DECODE_AMX)
+  if constexpr (std::is_same_v<T, at::BFloat16> && NV % 2 == 0) {
+    if (tide_decode_amx::usable(G, D, BS)) {  // Q.K on tiles, scores as [key][head]
+      alignas(64) at::BFloat16 qt[16 * 128];
+      tide_decode_amx::pack_q(qraw, G, D, qt);
+      tide_decode_amx::configure(G);
+      tide_decode_amx::scores<NV / 2>(qt, G, len, table, BS, k_head, scores, prefetch_ahead);
+      _tile_release();
+      float inv_sum[16];
+      tide_decode_amx::softmax_flat(scores, G, len, scale, inv_sum);
+      pv_all<T, NV>(scores, 1, G, inv_sum, G, len, table, BS, v_head, out);
+      return;
+    }
+  }
+#endif
+  for (int64_t t0 = 0; t0 < len; t0 += 16) {
+    const int64_t m = std::min<int64_t>(16, len - t0);
+    prefetch_ahead(t0);
 #if defined(__AVX512BF16__)
     if constexpr (std::is_same_v<T, at::BFloat16> && NV % 2 == 0) {
       // bf16 K against the unrounded bf16 query: products are exact in fp32, so
@@ -207,21 +249,7 @@ void decode_task_avx512(const float* qf, const T* qraw, float scale, int64_t G, 
     }
     inv_sum[g] = 1.f / _mm512_reduce_add_ps(sum);
   }
-  // P.V, up to 16 / NV query heads at a time with their accumulators in registers.
-  constexpr int HC = 16 / NV > 8 ? 8 : 16 / NV;
-  for (int64_t g0 = 0; g0 < G;) {
-    const int64_t left = G - g0;
-    const int hn = left >= HC ? HC : left >= 4 ? 4 : left >= 2 ? 2 : 1;
-    const float* p = scores + g0 * Lp;
-    float* o = out + g0 * D;
-    switch (hn) {
-      case 8: pv_heads<T, NV, (HC >= 8 ? 8 : 1)>(p, Lp, inv_sum.data() + g0, len, table, BS, v_head, o); break;
-      case 4: pv_heads<T, NV, (HC >= 4 ? 4 : 1)>(p, Lp, inv_sum.data() + g0, len, table, BS, v_head, o); break;
-      case 2: pv_heads<T, NV, (HC >= 2 ? 2 : 1)>(p, Lp, inv_sum.data() + g0, len, table, BS, v_head, o); break;
-      default: pv_heads<T, NV, 1>(p, Lp, inv_sum.data() + g0, len, table, BS, v_head, o); break;
-    }
-    g0 += hn;
-  }
+  pv_all<T, NV>(scores, Lp, 1, inv_sum.data(), G, len, table, BS, v_head, out);
 }
 #endif
 
@@ -341,6 +369,16 @@ std::string decode_attention_isa() {
   return "avx2";
 #else
   return "scalar";
+#endif
+}
+
+// Whether bf16 decode attention takes Q.K on AMX tiles here (decode_amx.h: groups of 1-16
+// query heads dividing 16, head_dim 32/64/128, blocks of a multiple of 16 keys).
+bool decode_attention_tiles() {
+#if defined(TIDE_DECODE_AMX)
+  return tide_decode_amx::usable(4, 64, 16);
+#else
+  return false;
 #endif
 }
 
@@ -607,6 +645,7 @@ TORCH_LIBRARY(tide, m) {
   m.def("silu_mul(Tensor gate_up) -> Tensor");
   m.def("rotary_(Tensor(a!) x, Tensor positions, Tensor cos, Tensor sin, int heads, int head_dim) -> ()");
   m.def("decode_attention_isa() -> str", &decode_attention_isa);
+  m.def("decode_attention_tiles() -> bool", &decode_attention_tiles);
 }
 
 TORCH_LIBRARY_IMPL(tide, CPU, m) {

@@ -54,6 +54,36 @@ def test_paged_decode_attention_matches_reference(dtype, hd, group, block_size):
     torch.testing.assert_close(got.float(), ref, atol=tol, rtol=tol)
 
 
+@pytest.mark.parametrize("group", [1, 2, 4, 8, 16])
+@pytest.mark.parametrize(("hd", "block_size"), [(32, 16), (64, 16), (128, 32)])
+def test_bf16_decode_attention_on_tiles_matches_reference(group, hd, block_size):
+    """Where AMX is granted, bf16 Q.K runs on tiles 16 keys at a time, reading whole
+    blocks: the rows past a context in its last block (NaN here) never reach an output."""
+    gen = torch.Generator().manual_seed(group * 1000 + hd)
+    kvh, lens = 2, [1, 15, 16, 17, 31, 100, 333]
+    width = max(-(-n // block_size) for n in lens)
+    num_blocks = len(lens) * width
+    k_cache = torch.randn(kvh, num_blocks, block_size, hd, generator=gen).to(torch.bfloat16)
+    v_cache = torch.randn(kvh, num_blocks, block_size, hd, generator=gen).to(torch.bfloat16)
+    tables = torch.randperm(num_blocks, generator=gen).view(len(lens), width).contiguous()
+    for i, n in enumerate(lens):  # every slot no context reaches is NaN
+        rows = torch.arange(n, width * block_size)
+        blocks, slots = tables[i, rows // block_size], rows % block_size
+        k_cache[:, blocks, slots] = float("nan")
+        v_cache[:, blocks, slots] = float("nan")
+    q = torch.randn(len(lens), kvh * group, hd, generator=gen).to(torch.bfloat16)
+    context = torch.tensor(lens, dtype=torch.int32)
+    got = ops.paged_decode_attention(q, k_cache, v_cache, tables, context, hd**-0.5)
+    ref = reference_decode(q, k_cache, v_cache, tables, context, hd**-0.5)
+    torch.testing.assert_close(got.float(), ref, atol=2e-2, rtol=2e-2)
+
+
+def test_bf16_decode_attention_takes_tiles_where_the_cpu_has_them():
+    """The case above ran on tiles, not the VDPBF16PS loop, wherever the CPU has AMX."""
+    has_amx = torch.cpu._is_amx_tile_supported() and torch.cpu._is_avx512_bf16_supported()
+    assert ops.decode_attention_tiles() == has_amx
+
+
 def test_paged_decode_attention_runs_rows_out_of_order_into_their_own_outputs():
     """The kernel runs (row, kv head) tasks longest first, not in row order: every row's
     output still lands in its own place, padding rows (length 0) stay zeros."""
