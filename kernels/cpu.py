@@ -64,6 +64,7 @@ HEADERS = (
     CSRC / "avx512_bf16_pass.h",
     CSRC / "attention_passes.h",
     CSRC / "decode_amx.h",
+    CSRC / "decode_amx_pv.h",
     CSRC / "decode_avx2.h",
     CSRC / "longest_first.h",
     CSRC / "silu_avx512.h",

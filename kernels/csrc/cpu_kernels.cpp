@@ -28,7 +28,7 @@
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
-#include "decode_amx.h"
+#include "decode_amx_pv.h"
 #include "decode_avx2.h"
 #include "cpu_ops.h"
 #include "longest_first.h"
@@ -164,15 +164,17 @@ void decode_task_avx512(const float* qf, const T* qraw, float scale, int64_t G, 
   };
 #if defined(TIDE_DECODE_AMX)
   if constexpr (std::is_same_v<T, at::BFloat16> && NV % 2 == 0) {
-    if (tide_decode_amx::usable(G, D, BS)) {  // Q.K on tiles, scores as [key][head]
+    if (tide_decode_amx::usable(G, D, BS)) {  // on tiles, scores as [key][head]
       alignas(64) at::BFloat16 qt[16 * 128];
       tide_decode_amx::pack_q(qraw, G, D, qt);
       tide_decode_amx::configure(G);
       tide_decode_amx::scores<NV / 2>(qt, G, len, table, BS, k_head, scores, prefetch_ahead);
-      _tile_release();
       float inv_sum[16];
       tide_decode_amx::softmax_flat(scores, G, len, scale, inv_sum);
-      pv_all<T, NV>(scores, 1, G, inv_sum, G, len, table, BS, v_head, out);
+      tide_decode_amx::pv(scores, G, len, table, BS, v_head, D, inv_sum, out, [&](int64_t t0) {
+        for (int64_t t = t0 + kAhead; t < std::min(len, t0 + kAhead + 16); ++t) prefetch_row(v_head, t);
+      });
+      _tile_release();
       return;
     }
   }

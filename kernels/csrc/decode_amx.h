@@ -126,8 +126,8 @@ inline __m512 rotate(__m512 v, int by) {
   return _mm512_permutexvar_ps(idx, v);
 }
 
-// In place over s[0, len * G): p = e^((s - max) * scale) per head (masked past the
-// context: zeros), inv_sum[n] = 1 / sum of head n's p.
+// In place over s[0, ceil16(len) * G): p = e^((s - max) * scale) per head, zeros past the
+// context; inv_sum[n] = 1 / sum of head n's p.
 inline void softmax_flat(float* s, int64_t G, int64_t len, float scale, float* inv_sum) {
   const int64_t n = len * G;
   auto mask_at = [n](int64_t i) {
@@ -145,6 +145,7 @@ inline void softmax_flat(float* s, int64_t G, int64_t len, float scale, float* i
     _mm512_storeu_ps(s + i, e);
     sum = _mm512_add_ps(sum, e);
   }
+  for (int64_t i = (n + 15) / 16 * 16; i < (len + 15) / 16 * 16 * G; i += 16) _mm512_storeu_ps(s + i, _mm512_setzero_ps());
   for (int64_t by = G; by < 16; by *= 2) sum = _mm512_add_ps(sum, rotate(sum, static_cast<int>(by)));
   alignas(64) float lanes[16];
   _mm512_store_ps(lanes, sum);
