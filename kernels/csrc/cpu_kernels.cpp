@@ -464,11 +464,42 @@ inline T round_to(float v) {
   return static_cast<T>(v);
 }
 
+#if defined(__AVX512BF16__)
+// One bf16 row of rms_norm_rows on AVX-512: h = bf16(h + d) written back, then
+// out = bf16(w * bf16(h * inv_rms)).
+inline void rms_norm_row_bf16(at::BFloat16* h, const at::BFloat16* d, const at::BFloat16* w, at::BFloat16* o,
+                              int64_t dim, float eps) {
+  auto round_bf16 = [](__m512 v) { return widen_bf16(_mm512_cvtneps_pbh(v)); };
+  __m512 ss = _mm512_setzero_ps();
+  for (int64_t i = 0; i < dim; i += 16) {
+    __m512 x = load16(h + i);
+    if (d) {
+      x = round_bf16(_mm512_add_ps(x, load16(d + i)));
+      store16(h + i, x);
+    }
+    ss = _mm512_fmadd_ps(x, x, ss);
+  }
+  const __m512 inv = _mm512_set1_ps(1.f / std::sqrt(_mm512_reduce_add_ps(ss) / static_cast<float>(dim) + eps));
+  for (int64_t i = 0; i < dim; i += 16)
+    store16(o + i, _mm512_mul_ps(load16(w + i), round_bf16(_mm512_mul_ps(load16(h + i), inv))));
+}
+#endif
+
 // out = w * (x / rms(x)), optionally after hidden += delta (rounded to T), per row.
 template <typename T>
 void rms_norm_rows(T* hidden, const T* delta, const T* w, T* out, int64_t rows, int64_t dim, int64_t h_stride,
                    int64_t d_stride, float eps) {
   at::parallel_for(0, rows, 16, [&](int64_t r0, int64_t r1) {
+#if defined(__AVX512BF16__)
+    if constexpr (std::is_same_v<T, at::BFloat16>) {
+      if (dim % 16 == 0) {  // 16 lanes a step, the same roundings as the loop below: 2.1x at
+                            // 460 rows x 1024 in cache, the mix's 0.39 -> 0.30 s (its rows come from memory)
+        for (int64_t r = r0; r < r1; ++r)
+          rms_norm_row_bf16(hidden + r * h_stride, delta ? delta + r * d_stride : nullptr, w, out + r * dim, dim, eps);
+        return;
+      }
+    }
+#endif
     std::vector<float> xf(dim);
     for (int64_t r = r0; r < r1; ++r) {
       T* h = hidden + r * h_stride;

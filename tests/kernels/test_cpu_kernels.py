@@ -192,11 +192,12 @@ def hf_rms_norm(x, w, eps):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_rms_norm_and_residual_add(dtype):
+@pytest.mark.parametrize("dim", [96, 100])  # bf16: 16 lanes a step, and the loop past them
+def test_rms_norm_and_residual_add(dtype, dim):
     gen = torch.Generator().manual_seed(5)
-    hidden = torch.randn(37, 96, generator=gen).to(dtype)
-    delta = torch.randn(37, 96, generator=gen).to(dtype)
-    w = torch.randn(96, generator=gen).to(dtype)
+    hidden = torch.randn(37, dim, generator=gen).to(dtype)
+    delta = torch.randn(37, dim, generator=gen).to(dtype)
+    w = torch.randn(dim, generator=gen).to(dtype)
     tol = {"atol": 1e-5, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 0.02, "rtol": 0.01}
     torch.testing.assert_close(ops.rms_norm(hidden, w, 1e-6), hf_rms_norm(hidden, w, 1e-6), **tol)
     summed = hidden + delta
