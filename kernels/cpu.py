@@ -47,6 +47,7 @@ CSRC = Path(__file__).with_name("csrc")
 # AVX-512 BF16) with the headers they include.
 SOURCES = (
     CSRC / "cpu_kernels.cpp",
+    CSRC / "cpu_elementwise.cpp",
     CSRC / "cpu_gemv.cpp",
     CSRC / "cpu_gemm.cpp",
     CSRC / "cpu_gemm_f32.cpp",
@@ -56,6 +57,7 @@ SOURCES = (
 )
 HEADERS = (
     CSRC / "cpu_ops.h",
+    CSRC / "bf16_lanes.h",
     CSRC / "packed_weight.h",
     CSRC / "kv_pack_bf16.h",
     CSRC / "online_softmax.h",
