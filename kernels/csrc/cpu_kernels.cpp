@@ -59,10 +59,9 @@ __attribute__((always_inline)) inline __m512 transpose_sum16(const __m512* v) {
   return _mm512_add_ps(_mm512_shuffle_f32x4(t0, t1, 0x88), _mm512_shuffle_f32x4(t0, t1, 0xDD));
 }
 
-// out[h] = inv_sum[h] * sum_t p[h * ps_h + t * ps_t] V[t] for HN query heads, accumulators
-// in registers.
+// out[h] = inv_sum[h] * sum_t p[h, t] V[t] for HN query heads, accumulators in registers.
 template <typename T, int NV, int HN>
-void pv_heads(const float* p, int64_t ps_h, int64_t ps_t, const float* inv_sum, int64_t len, const int64_t* table, int64_t BS,
+void pv_heads(const float* p, int64_t Lp, const float* inv_sum, int64_t len, const int64_t* table, int64_t BS,
               const T* v_head, float* out) {
   constexpr int D = 16 * NV;
   constexpr int64_t kAhead = 64;  // as decode_task_avx512's K rows
@@ -81,34 +80,13 @@ void pv_heads(const float* p, int64_t ps_h, int64_t ps_t, const float* inv_sum, 
     __m512 vv[NV];
     for (int v = 0; v < NV; ++v) vv[v] = load16(src + 16 * v);
     for (int h = 0; h < HN; ++h) {
-      const __m512 ph = _mm512_set1_ps(p[h * ps_h + t * ps_t]);
+      const __m512 ph = _mm512_set1_ps(p[h * Lp + t]);
       for (int v = 0; v < NV; ++v) acc[h][v] = _mm512_fmadd_ps(ph, vv[v], acc[h][v]);
     }
   }
   for (int h = 0; h < HN; ++h) {
     const __m512 scale = _mm512_set1_ps(inv_sum[h]);
     for (int v = 0; v < NV; ++v) _mm512_storeu_ps(out + h * D + 16 * v, _mm512_mul_ps(acc[h][v], scale));
-  }
-}
-
-// P.V for all G heads (head h's p at p[h * ps_h + t * ps_t]), up to 16 / NV query heads
-// at a time with their accumulators in registers.
-template <typename T, int NV>
-void pv_all(const float* p, int64_t ps_h, int64_t ps_t, const float* inv_sum, int64_t G, int64_t len,
-            const int64_t* table, int64_t BS, const T* v_head, float* out) {
-  constexpr int HC = 16 / NV > 8 ? 8 : 16 / NV;
-  for (int64_t g0 = 0; g0 < G;) {
-    const int64_t left = G - g0;
-    const int hn = left >= HC ? HC : left >= 4 ? 4 : left >= 2 ? 2 : 1;
-    const float* pg = p + g0 * ps_h;
-    float* o = out + g0 * 16 * NV;
-    switch (hn) {
-      case 8: pv_heads<T, NV, (HC >= 8 ? 8 : 1)>(pg, ps_h, ps_t, inv_sum + g0, len, table, BS, v_head, o); break;
-      case 4: pv_heads<T, NV, (HC >= 4 ? 4 : 1)>(pg, ps_h, ps_t, inv_sum + g0, len, table, BS, v_head, o); break;
-      case 2: pv_heads<T, NV, (HC >= 2 ? 2 : 1)>(pg, ps_h, ps_t, inv_sum + g0, len, table, BS, v_head, o); break;
-      default: pv_heads<T, NV, 1>(pg, ps_h, ps_t, inv_sum + g0, len, table, BS, v_head, o); break;
-    }
-    g0 += hn;
   }
 }
 
@@ -230,7 +208,21 @@ void decode_task_avx512(const float* qf, const T* qraw, float scale, int64_t G, 
     }
     inv_sum[g] = 1.f / _mm512_reduce_add_ps(sum);
   }
-  pv_all<T, NV>(scores, Lp, 1, inv_sum.data(), G, len, table, BS, v_head, out);
+  // P.V, up to 16 / NV query heads at a time with their accumulators in registers.
+  constexpr int HC = 16 / NV > 8 ? 8 : 16 / NV;
+  for (int64_t g0 = 0; g0 < G;) {
+    const int64_t left = G - g0;
+    const int hn = left >= HC ? HC : left >= 4 ? 4 : left >= 2 ? 2 : 1;
+    const float* p = scores + g0 * Lp;
+    float* o = out + g0 * D;
+    switch (hn) {
+      case 8: pv_heads<T, NV, (HC >= 8 ? 8 : 1)>(p, Lp, inv_sum.data() + g0, len, table, BS, v_head, o); break;
+      case 4: pv_heads<T, NV, (HC >= 4 ? 4 : 1)>(p, Lp, inv_sum.data() + g0, len, table, BS, v_head, o); break;
+      case 2: pv_heads<T, NV, (HC >= 2 ? 2 : 1)>(p, Lp, inv_sum.data() + g0, len, table, BS, v_head, o); break;
+      default: pv_heads<T, NV, 1>(p, Lp, inv_sum.data() + g0, len, table, BS, v_head, o); break;
+    }
+    g0 += hn;
+  }
 }
 #endif
 
@@ -353,8 +345,8 @@ std::string decode_attention_isa() {
 #endif
 }
 
-// Whether bf16 decode attention takes Q.K on AMX tiles here (decode_amx.h: groups of 1-16
-// query heads dividing 16, head_dim 32/64/128, blocks of a multiple of 16 keys).
+// Whether bf16 decode attention runs Q.K and P.V on AMX tiles here (decode_amx.h: groups
+// of 1-16 query heads dividing 16, head_dim 32/64/128, blocks of a multiple of 16 keys).
 bool decode_attention_tiles() {
 #if defined(TIDE_DECODE_AMX)
   return tide_decode_amx::usable(4, 64, 16);

@@ -57,7 +57,7 @@ def test_paged_decode_attention_matches_reference(dtype, hd, group, block_size):
 @pytest.mark.parametrize("group", [1, 2, 4, 8, 16])
 @pytest.mark.parametrize(("hd", "block_size"), [(32, 16), (64, 16), (128, 32)])
 def test_bf16_decode_attention_on_tiles_matches_reference(group, hd, block_size):
-    """Where AMX is granted, bf16 Q.K runs on tiles 16 keys at a time, reading whole
+    """Where AMX is granted, bf16 Q.K and P.V run on tiles 16 keys at a time, reading whole
     blocks: the rows past a context in its last block (NaN here) never reach an output."""
     gen = torch.Generator().manual_seed(group * 1000 + hd)
     kvh, lens = 2, [1, 15, 16, 17, 31, 100, 333]
