@@ -118,6 +118,8 @@ REFUSED = [
     ("completions", {"response_format": {"type": "regex", "regex": "(["}}, "response_format",
      "invalid_schema"),
     ("completions", {"response_format": {"type": "regex"}}, "response_format", "missing_field"),
+    ("completions", {"response_format": {"type": "choice", "choice": ["x"] * 10_001}},
+     "response_format", "invalid_response_format"),
     ("chat", {"stream": True, "stream_options": {"include_obfuscation": True}},
      "stream_options.include_obfuscation", "unsupported_value"),
     ("chat", {"audio": {"voice": "alloy", "format": "wav"}}, "audio", "unsupported_parameter"),

@@ -44,6 +44,15 @@ def test_choice_outputs_are_one_of_the_choices(engine):
     assert len({o.text for o in outs}) > 1
 
 
+def test_thousands_of_overlapping_choices_decode(engine):
+    # Options sharing prefixes ("1", "10", "100", ...) keep thousands of alternatives alive
+    # at once; as one Earley rule that passed llguidance's 2,000 items per row mid-output.
+    choices = [str(i) for i in range(5000)]
+    outs = engine.generate([PROMPT] * 8, _sampled(8, max_tokens=8, structured={"choice": choices}))
+    for out in outs:
+        assert out.finish_reason == "stop" and out.text in choices, out
+
+
 def test_a_complete_grammar_finishes_the_request_without_eos(engine):
     out = engine.generate([PROMPT], SamplingParams(temperature=0.0, structured={"choice": ["no"]}))[
         0

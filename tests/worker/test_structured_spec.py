@@ -67,6 +67,7 @@ def test_valid_specs_pass(spec):
         ({"regex": ""}, "regex must be a non-empty string"),
         ({"choice": []}, "choice must be a non-empty list of strings"),
         ({"choice": ["a", 3]}, "choice must be a non-empty list of strings"),
+        ({"choice": ["x"] * 10_001}, "choice has 10001 options; at most 10000 are allowed"),
         ({"grammar": "start: foo"}, 'grammar: .*unknown name: "foo"'),
         ({"json_object": "yes"}, "json_object must be true"),
     ],

@@ -32,6 +32,7 @@ from worker.engine.structured import (
     check_grammar,
     grammar_for,
     require_llguidance,
+    trim_error,
 )
 
 with contextlib.suppress(ImportError):  # optional: add() refuses every request without it
@@ -120,7 +121,7 @@ class GrammarMatchers:
             template = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
             if template.is_error():
                 check_grammar(spec.kind, grammar)  # the message, as validate() words it
-                raise ValueError(f"{spec.kind}: {template.get_error()}")
+                raise ValueError(f"{spec.kind}: {trim_error(template.get_error())}")
             self.num_compiles += 1
             self.compile_seconds += time.perf_counter() - start
             self._templates[key] = template
@@ -180,5 +181,7 @@ class GrammarMatchers:
         (a row the masks left with no allowed token ends up here too)."""
         matcher = self._matchers[request_id]
         if not matcher.consume_token(token_id):
-            raise ValueError(f"token {token_id} broke the grammar: {matcher.get_error()}")
+            raise ValueError(
+                f"token {token_id} broke the grammar: {trim_error(matcher.get_error())}"
+            )
         return matcher.is_stopped()

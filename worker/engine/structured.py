@@ -33,6 +33,10 @@ else:
 
 KINDS = ("json_object", "json_schema", "regex", "choice", "grammar")
 MAX_ERROR_CHARS = 600
+# A choice list compiles to one lexeme (a trie in llguidance's lexer), not one grammar
+# alternative per option: 50,000 short options validate in about 0.4 s. The cap bounds
+# that work at the gateway.
+MAX_CHOICES = 10_000
 NO_LLGUIDANCE = (
     "structured outputs need the llguidance package (pip install 'llguidance>=1.9,<2'), "
     "which is not installed here"
@@ -101,6 +105,10 @@ class StructuredOutput:
             or not all(isinstance(c, str) and c for c in self.choice)
         ):
             raise ValueError("choice must be a non-empty list of strings (each non-empty)")
+        if self.choice is not None and len(self.choice) > MAX_CHOICES:
+            raise ValueError(
+                f"choice has {len(self.choice)} options; at most {MAX_CHOICES} are allowed"
+            )
 
     @property
     def kind(self) -> str:
@@ -136,12 +144,20 @@ def grammar_for(spec: StructuredOutput) -> str:
     if spec.regex is not None:
         return llguidance.LLMatcher.grammar_from_regex(spec.regex)
     if spec.choice is not None:
-        return llguidance.grammar_from("choice", json.dumps(spec.choice))
+        return choice_grammar(spec.choice)
     assert spec.grammar is not None
     try:
         return llguidance.grammar_from("grammar", spec.grammar)
     except ValueError as e:
         raise ValueError(f"grammar: {e}") from None
+
+
+def choice_grammar(choices: list[str]) -> str:
+    """One terminal whose alternatives are the choices: the lexer matches them as a trie.
+    (As one grammar rule with an alternative per option, an Earley row holds every option
+    still alive, and llguidance stops a parse whose row passes 2,000 items.)"""
+    literals = " | ".join(json.dumps(c) for c in choices)
+    return llguidance.LLMatcher.grammar_from_lark(f"start: CHOICE\nCHOICE: {literals}")
 
 
 def validate(spec: StructuredOutput | dict[str, Any]) -> None:
@@ -159,7 +175,7 @@ def check_grammar(kind: str, grammar: str) -> None:
     require_llguidance()
     message = llguidance.LLMatcher.validate_grammar(grammar)
     if message:
-        raise ValueError(f"{kind}: {_trim(message)}")
+        raise ValueError(f"{kind}: {trim_error(message)}")
 
 
 def require_llguidance() -> None:
@@ -168,6 +184,7 @@ def require_llguidance() -> None:
         raise ValueError(NO_LLGUIDANCE)
 
 
-def _trim(message: str) -> str:
+def trim_error(message: str) -> str:
+    """llguidance's message cut to MAX_ERROR_CHARS (its parse errors quote the grammar)."""
     message = message.strip()
     return message if len(message) <= MAX_ERROR_CHARS else message[:MAX_ERROR_CHARS] + " ..."
