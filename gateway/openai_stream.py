@@ -81,11 +81,15 @@ class Chunks:
                                "logprobs": logprobs})  # fmt: skip
         return self.chat(index, {"content": text}, lp, finish)
 
-    def chat(self, index: int, delta: dict[str, Any], lp: Any, finish: Any) -> Any:
+    def opening(self, index: int) -> list[Any]:
+        """Chat: a choice's first chunk, as OpenAI's, carries only the role and empty content."""
         st = self.state(index)
-        if not st.role_sent:
-            delta = {"role": "assistant", **delta}
-            st.role_sent = True
+        if not self.plan.chat or st.role_sent:
+            return []
+        st.role_sent = True
+        return [self.chat(index, {"role": "assistant", "content": ""}, None, None)]
+
+    def chat(self, index: int, delta: dict[str, Any], lp: Any, finish: Any) -> Any:
         logprobs = chat_logprobs(lp) if lp else None
         return self.chunk({"index": index, "delta": delta, "finish_reason": finish,
                            "logprobs": logprobs})  # fmt: skip
@@ -94,9 +98,12 @@ class Chunks:
         tool = self.state(index).tool
         if tool is not None:
             text, lp = tool.feed(text, lp)
-        return [self.text(index, text, lp)] if text or lp else []
+        return [*self.opening(index), self.text(index, text, lp)] if text or lp else []
 
     def finish(self, record: dict[str, str], index: int, c: dict[str, Any]) -> list[Any]:
+        return [*self.opening(index), *self._finish(record, index, c)]
+
+    def _finish(self, record: dict[str, str], index: int, c: dict[str, Any]) -> list[Any]:
         finish = c.get("finish_reason") or "stop"
         tool = self.state(index).tool
         if tool is None or tool.passing:
@@ -152,4 +159,7 @@ async def chunks(state: GatewayState, plan: StreamPlan) -> AsyncIterator[dict[st
 
 
 def stream_response(state: GatewayState, plan: StreamPlan) -> EventSourceResponse:
-    return EventSourceResponse(chunks(state, plan))
+    """Framed as OpenAI frames it: ``data: <json>`` events ending in a blank line, LF line
+    endings, no comments unless keep-alives are set (``openai_stream_keepalive_seconds``)."""
+    keepalive = state.settings.openai_stream_keepalive_seconds
+    return EventSourceResponse(chunks(state, plan), ping=keepalive, sep="\n")

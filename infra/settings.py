@@ -85,6 +85,13 @@ class Settings(BaseSettings):
         10.0, gt=0, description="a request waits this long for a connection, then 503"
     )
 
+    # SSE keep-alive comments (": ping - <time>") on the OpenAI routes' streams, for a proxy
+    # or load balancer that closes idle connections while a job waits in the queue. Off by
+    # default: OpenAI's API sends none, and clients written against it often misparse them.
+    openai_stream_keepalive_seconds: float = Field(
+        0.0, ge=0, description="0 = none, as OpenAI; /v1/jobs/{id}/events keeps its own"
+    )
+
     # Files and batches.
     storage_url: str = Field(
         "", description="'' = a local folder under data_dir; s3://bucket/prefix for S3"
