@@ -48,6 +48,16 @@ def error_kind(status: int) -> str:
     return "server_error" if status >= 500 else "invalid_request_error"
 
 
+SHOWN_ID_CHARS = 80
+
+
+def shown(value: str) -> str:
+    """An id quoted back in a message, cut to SHOWN_ID_CHARS (a 404 need not echo megabytes)."""
+    if len(value) <= SHOWN_ID_CHARS:
+        return repr(value)
+    return repr(value[:SHOWN_ID_CHARS]) + f" (cut from {len(value)} characters)"
+
+
 def printable(text: str) -> str:
     """Text that can be written as UTF-8: a lone surrogate becomes its \\udfff escape."""
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
@@ -71,7 +81,10 @@ def error_response(
 
 
 def _location(loc: tuple[Any, ...]) -> str:
-    return ".".join(str(p) for p in loc if p != "body") or "body"
+    """The field's name as the client wrote it: no "body." or "query." in front."""
+    if loc and loc[0] in ("body", "query"):
+        loc = loc[1:]
+    return ".".join(str(p) for p in loc) or "body"
 
 
 def install_error_handlers(app: FastAPI) -> None:

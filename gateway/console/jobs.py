@@ -18,6 +18,7 @@ from fastapi.responses import JSONResponse
 
 from gateway.console.auth import ViewerDep
 from gateway.deps import GatewayState, StateDep
+from gateway.errors import shown
 from gateway.served import served_catalog
 from infra.jobs.public import job_public
 from infra.wire.codec import decode_hash
@@ -118,7 +119,7 @@ async def job_detail(job_id: str, state: StateDep, viewer: ViewerDep) -> dict[st
     raw = cast(dict[bytes, bytes], await state.aredis.hgetall(Keys.job(job_id)))
     record = decode_hash(raw) if raw else None
     if record is None or record.get("tenant") != tenant:
-        raise HTTPException(404, detail=f"job {job_id!r} not found")
+        raise HTTPException(404, detail=f"job {shown(job_id)} not found")
     public = job_public(record).model_dump(mode="json")
     return {
         **public,

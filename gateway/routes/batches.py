@@ -10,6 +10,7 @@ from fastapi import APIRouter, HTTPException, Query
 from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.deps import StateDep, TenantDep
+from gateway.errors import ApiError, shown
 from gateway.routes.jobs import ERRORS
 from infra.batches.store import new_batch_id, parse_window
 from infra.batches.validate import validate_batch
@@ -36,18 +37,20 @@ async def create_batch(body: BatchCreate, state: StateDep, tenant: TenantDep) ->
     try:
         window = parse_window(body.completion_window)
     except ValueError as e:
-        raise HTTPException(400, detail=str(e)) from None
+        raise ApiError(400, str(e), param="completion_window", code="invalid_value") from None
     file = await asyncio.to_thread(state.files.get, body.input_file_id, tenant)
     if file is None:
-        raise HTTPException(400, detail=f"input_file_id: file {body.input_file_id!r} not found")
+        raise ApiError(400, f"input_file_id: file {shown(body.input_file_id)} not found",
+                       param="input_file_id", code="file_not_found")  # fmt: skip
     if file["purpose"] != "batch":
-        raise HTTPException(400, detail="input_file_id: the file's purpose must be 'batch'")
+        raise ApiError(400, "input_file_id: the file's purpose must be 'batch'",
+                       param="input_file_id", code="invalid_value")  # fmt: skip
     webhook_url = str(body.webhook.url) if body.webhook else ""
     if webhook_url:
         try:
             await asyncio.to_thread(check_target, webhook_url, state.settings.webhook_allow_hosts)
         except UnsafeWebhookTarget as e:
-            raise HTTPException(400, detail=str(e)) from None
+            raise ApiError(400, str(e), param="webhook.url", code="invalid_url") from None
     now = time.time()
     record = {
         "id": new_batch_id(),
@@ -78,7 +81,7 @@ async def create_batch(body: BatchCreate, state: StateDep, tenant: TenantDep) ->
 async def _owned(state: StateDep, tenant: str, batch_id: str) -> dict[str, str]:
     record = await asyncio.to_thread(state.batches.get, batch_id, tenant)
     if record is None:
-        raise HTTPException(404, detail=f"batch {batch_id!r} not found")
+        raise HTTPException(404, detail=f"batch {shown(batch_id)} not found")
     return record
 
 

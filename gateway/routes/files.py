@@ -4,18 +4,20 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, File, Form, HTTPException, UploadFile
+from fastapi import APIRouter, File, Form, HTTPException, Query, UploadFile
 from fastapi.responses import StreamingResponse
 
 from gateway.deps import StateDep, TenantDep
+from gateway.errors import ApiError, shown
 from gateway.routes.jobs import ERRORS
 from infra.jobs.files import FileTooLarge, limited, public_file
 from infra.jobs.storage import CHUNK
 
 router = APIRouter(prefix="/v1/files", tags=["files"])
 PURPOSES = ("batch", "batch_output")
+MAX_LIST = 10_000  # OpenAI's largest page of files
 
 
 def _chunks(upload: UploadFile) -> Iterator[bytes]:
@@ -31,7 +33,8 @@ async def create_file(
     purpose: Annotated[str, Form()],
 ) -> dict[str, Any]:
     if purpose != "batch":
-        raise HTTPException(400, detail=f"purpose: only 'batch' is accepted, got {purpose!r}")
+        raise ApiError(400, f"purpose: only 'batch' is accepted, got {shown(purpose)}",
+                       param="purpose", code="invalid_value")  # fmt: skip
     s = state.settings
     chunks = limited(_chunks(file), s.file_max_bytes, s.file_max_lines)
     try:
@@ -39,20 +42,38 @@ async def create_file(
             state.files.create, tenant, file.filename or "upload.jsonl", purpose, chunks
         )
     except FileTooLarge as e:
-        raise HTTPException(400, detail=str(e)) from None
+        raise ApiError(400, str(e), param="file", code="file_too_large") from None
     return public_file(record)
 
 
 @router.get("", responses=ERRORS)
-async def list_files(state: StateDep, tenant: TenantDep) -> dict[str, Any]:
-    records = await asyncio.to_thread(state.files.list, tenant)
-    return {"object": "list", "data": [public_file(r) for r in records], "has_more": False}
+async def list_files(
+    state: StateDep,
+    tenant: TenantDep,
+    after: str | None = None,
+    limit: Annotated[int, Query(ge=1, le=MAX_LIST)] = MAX_LIST,
+    order: Literal["asc", "desc"] = "desc",
+    purpose: str | None = None,
+) -> dict[str, Any]:
+    """OpenAI's list: newest first (``order=asc``: oldest first), ``after`` the last id of
+    the previous page, only files of ``purpose`` when it is given."""
+    records, has_more = await asyncio.to_thread(
+        state.files.list, tenant, after=after, limit=limit, order=order, purpose=purpose
+    )
+    data = [public_file(r) for r in records]
+    return {
+        "object": "list",
+        "data": data,
+        "first_id": data[0]["id"] if data else None,
+        "last_id": data[-1]["id"] if data else None,
+        "has_more": has_more,
+    }
 
 
 def _owned(state: StateDep, tenant: str, file_id: str) -> dict[str, str]:
     record = state.files.get(file_id, tenant)
     if record is None:
-        raise HTTPException(404, detail=f"file {file_id!r} not found")
+        raise HTTPException(404, detail=f"file {shown(file_id)} not found")
     return record
 
 

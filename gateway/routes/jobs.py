@@ -10,6 +10,7 @@ from fastapi import APIRouter, Header, HTTPException
 from sse_starlette.sse import EventSourceResponse
 
 from gateway.deps import GatewayState, StateDep, TenantDep
+from gateway.errors import shown
 from gateway.events import job_events
 from gateway.submit import submit_job
 from infra.jobs.public import ErrorBody, JobAccepted, JobPublic, delta_public, job_public
@@ -29,7 +30,7 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 async def owned_job(state: GatewayState, tenant: str, job_id: str) -> dict[str, str]:
     record = await state.get_job(job_id)
     if record is None or record.get("tenant") != tenant:
-        raise HTTPException(404, detail=f"job {job_id!r} not found")
+        raise HTTPException(404, detail=f"job {shown(job_id)} not found")
     return record
 
 

@@ -13,6 +13,8 @@ from infra.jobs.storage import Storage
 from infra.wire.codec import decode_hash
 from infra.wire.protocol import Keys
 
+LIST_READ = 500  # records read per round trip when listing
+
 
 class FileTooLarge(ValueError):
     pass
@@ -51,18 +53,19 @@ class FileStore:
         file_id = file_id or new_file_id()
         key = f"{tenant}/{file_id}"
         size = self.storage.write(key, chunks)
+        now = time.time()  # the list's order; the record keeps whole seconds, as OpenAI's
         record = {
             "id": file_id,
             "tenant": tenant,
             "filename": filename,
             "purpose": purpose,
             "bytes": size,
-            "created_at": int(time.time()),
+            "created_at": int(now),
             "storage_key": key,
         }
         pipe = self.r.pipeline()
         pipe.hset(Keys.file(file_id), mapping=record)
-        pipe.zadd(Keys.tenant_files(tenant), {file_id: record["created_at"]})
+        pipe.zadd(Keys.tenant_files(tenant), {file_id: now})
         pipe.execute()
         return record
 
@@ -73,9 +76,34 @@ class FileStore:
             return None
         return record
 
-    def list(self, tenant: str, limit: int = 100) -> list[dict[str, str]]:
-        ids = self.r.zrevrange(Keys.tenant_files(tenant), 0, limit - 1)
-        return [f for f in (self.get(i.decode(), tenant) for i in ids) if f]
+    def list(
+        self,
+        tenant: str,
+        *,
+        after: str | None = None,
+        limit: int = 100,
+        order: str = "desc",
+        purpose: str | None = None,
+    ) -> tuple[list[dict[str, str]], bool]:
+        """A page of the tenant's files by creation ("desc": newest first) and whether more
+        follow; ``after`` is the last id of the previous page (unknown: from the start)."""
+        key = Keys.tenant_files(tenant)
+        ranked = self.r.zrevrange(key, 0, -1) if order == "desc" else self.r.zrange(key, 0, -1)
+        ids = [i.decode() for i in ranked]
+        if after in ids:
+            ids = ids[ids.index(after) + 1 :]
+        page: list[dict[str, str]] = []
+        for start in range(0, len(ids), LIST_READ):
+            pipe = self.r.pipeline(transaction=False)
+            for file_id in ids[start : start + LIST_READ]:
+                pipe.hgetall(Keys.file(file_id))
+            for raw in pipe.execute():
+                record = decode_hash(raw)
+                if record.get("tenant") == tenant and purpose in (None, record.get("purpose")):
+                    page.append(record)
+            if len(page) > limit:
+                break
+        return page[:limit], len(page) > limit
 
     def delete(self, record: dict[str, str]) -> None:
         self.storage.delete(record["storage_key"])
