@@ -69,6 +69,10 @@ class Settings(BaseSettings):
     max_queued_per_tenant: int = 10_000
     max_requests_per_second_per_tenant: int = 1_000
     max_queue_length: int = 100_000  # per bucket queue
+    # Cost ceiling per request (infra/jobs/ceilings.py): prompts x n x (prompt + max_tokens),
+    # 400 above it; TIDE_TENANT_MAX_REQUEST_TOKENS='{"tenant": tokens}' overrides per tenant.
+    max_request_tokens: int = Field(16_777_216, ge=1)
+    tenant_max_request_tokens: dict[str, int] = Field(default_factory=dict)
 
     # Gateway request limits (docs/api.md): 413 above the body size; POST /v1/files has
     # file_max_bytes instead. Tokenising runs in at most this many threads (0 = the CPUs

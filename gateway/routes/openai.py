@@ -21,6 +21,7 @@ from gateway.openai_stream import StreamPlan, stream_response
 from gateway.routes.jobs import ERRORS
 from gateway.served import served_catalog
 from gateway.submit import Prepared, prepare, script_call, write_jobs
+from infra.jobs.ceilings import check_work
 from infra.jobs.job_errors import unfinished_job
 from infra.jobs.openai_format import chat_body, completions_body
 from infra.jobs.openai_request import PlannedJob, chat_job, completion_jobs
@@ -74,11 +75,16 @@ async def _submit(
     """The request's jobs, for the model it names; and that model's served name."""
 
     def build(served: ServedModel, model: ModelInfo) -> list[Prepared]:
-        return [
-            script_call(build_job(state.settings, model, tenant, plan.body, None,
-                                  extra_fields=plan.fields, tools=plan.tools, served=served))
+        jobs = [
+            build_job(state.settings, model, tenant, plan.body, None, extra_fields=plan.fields,
+                      tools=plan.tools, served=served)
             for plan in plans_of(model)
         ]  # fmt: skip
+        if len(jobs) > 1:  # each job was checked alone; a list of prompts counts together
+            f = [job.fields for job in jobs]
+            check_work(state.settings, tenant, [int(j["prompt_tokens"]) for j in f],
+                       int(f[0]["n"]), int(f[0]["max_tokens"]))  # fmt: skip
+        return [script_call(job) for job in jobs]
 
     jobs = await prepare(state, build, chars, requested)
     await check_capacity(state, [job for job, _, _ in jobs])

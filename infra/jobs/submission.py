@@ -15,6 +15,7 @@ import jinja2
 from tokenizers import Tokenizer as HFTokenizer
 
 from infra.jobs import chat_template
+from infra.jobs.ceilings import check_work
 from infra.jobs.errors import SubmissionError as SubmissionError
 from infra.jobs.messages import ChatMessage
 from infra.jobs.request_checks import check_sampling, check_token_ids
@@ -162,6 +163,7 @@ def build_job(
             f"exceeds the model's context of {context} tokens",
             param="max_tokens", code="context_length_exceeded",
         )  # fmt: skip
+    check_work(settings, tenant, [len(ids)], body.n, body.max_tokens)
     prio = priority or body.priority
     total = len(ids) + body.max_tokens
     if served is None:

@@ -10,6 +10,7 @@ import pytest
 
 from infra.batches.finalize import finalize_batch
 from infra.batches.validate import validate_batch
+from infra.settings import Settings
 from infra.wire.jobstore import JobStore
 from infra.wire.protocol import JobStatus
 from tests.gateway.live import entry
@@ -90,3 +91,15 @@ def test_a_refused_lines_error_in_the_error_file_names_the_field(world):
         (err,) = [json.loads(x) for x in f.read().splitlines()]
     assert err["custom_id"] == "b" and err["error"]["param"] == "body.suffix"
     assert err["response"]["status_code"] == 400
+
+
+def test_a_batch_line_over_the_ceiling_fails_alone(make_world, tiny_path):
+    world = make_world(Settings(model=str(tiny_path), batch_retry_seconds=60.0,
+                                max_request_tokens=300))  # fmt: skip
+    text = line("ok", {"prompt": "abc", "max_tokens": 50}) + "\n"
+    text += line("big", {"prompt": "abc", "n": 4, "max_tokens": 100})
+    batch_id = world.new_batch(text)
+    assert validate_batch(batch_id) == "in_progress"
+    error = refused_entry(world, batch_id, 1)
+    assert error["param"] == "body.max_tokens" and "ceiling of 300 tokens" in error["message"]
+    assert len(world.job_ids(batch_id)) == 1
