@@ -51,6 +51,7 @@ class JobSpec:
     params: SamplingParams
     n: int
     priority: Priority
+    group: str  # the fair-share group: the request it came in (its own id when alone)
 
     @classmethod
     def from_record(cls, record: dict[str, str]) -> JobSpec:
@@ -59,7 +60,8 @@ class JobSpec:
         n = pop_n(sampling)
         wire = WirePriority(record.get("priority") or WirePriority.INTERACTIVE)
         prompt = list(json.loads(record["token_ids"]))
-        return cls(prompt, SamplingParams(**sampling), n, ENGINE_PRIORITY[wire])
+        group = record.get("group") or record["id"]
+        return cls(prompt, SamplingParams(**sampling), n, ENGINE_PRIORITY[wire], group)
 
 
 def request_id(job_id: str, index: int, n: int) -> str:
@@ -94,12 +96,12 @@ class ChoiceRunner:
         """Choices not in the engine yet: sequence slots already promised."""
         return sum(len(_not_added(w.job)) for w in self._waiting.values())
 
-    def start(
-        self, job: HeldJob, prompt: list[int], params: SamplingParams, priority: Priority
-    ) -> None:
+    def start(self, job: HeldJob, spec: JobSpec) -> None:
         """Add choice 0 (raises ValueError, TypeError or KeyError if the engine refuses it,
         and then nothing was added), and the others now or once it has computed the
-        prompt's full blocks."""
+        prompt's full blocks. All of them share the job's fair-share group."""
+        job.group = spec.group
+        prompt, params, priority = spec.prompt, spec.params, spec.priority
         self._add(job, 0, prompt, params, priority)
         bs = self.engine.config.block_size
         shared = (len(prompt) - 1) // bs * bs if self.engine.config.enable_prefix_caching else 0
@@ -176,7 +178,9 @@ class ChoiceRunner:
         priority: Priority,
     ) -> None:  # fmt: skip
         choice = job.choices[index]
-        self.engine.add_request(choice.request_id, prompt, choice_params(params, index), priority)
+        self.engine.add_request(
+            choice.request_id, prompt, choice_params(params, index), priority, job.group
+        )
         choice.added = True
         if self.on_add is not None:
             self.on_add(job, choice.request_id)

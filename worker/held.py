@@ -60,6 +60,7 @@ class HeldJob:
     cold_start_s: float | None = None  # the worker start it waited through (worker.boot)
     logprobs: bool = False  # sampling.logprobs was set: entries per token are written
     ended: bool = False  # its terminal result is recorded (worker.results)
+    group: str | None = None  # fair-share group in the engine (worker.choices.JobSpec)
     choices: list[Choice] = field(default_factory=list)
 
     @property

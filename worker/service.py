@@ -201,10 +201,10 @@ class WorkerService:
     def _fill(self) -> None:
         """Start queued jobs while the engine has free slots and can admit them (the
         first that does not fit waits in the intake)."""
-        max_seqs = self.engine.config.max_num_seqs
         while True:
-            used = self.engine.scheduler.num_unfinished + self.choices.num_waiting
-            taken = self.intake.next(max_seqs - used)
+            # Free slots, or the fair share a new job would get from jobs running past
+            # theirs (worker/engine/fair_share.py); less the choices already promised.
+            taken = self.intake.next(self.engine.room() - self.choices.num_waiting)
             if not taken:
                 return
             for i, (message, job) in enumerate(taken):
@@ -235,7 +235,7 @@ class WorkerService:
             held.logprobs = params.logprobs is not None
             held.choices = [Choice(i, request_id(job.job_id, i, n)) for i in range(n)]
             self.held.add(held)
-            self.choices.start(held, spec.prompt, params, spec.priority)
+            self.choices.start(held, spec)
         except (ValueError, TypeError, KeyError) as e:
             self.held.add(held)
             self.pending.reject(held, f"rejected by the worker: {e}")

@@ -8,6 +8,7 @@ and the tools for the chat template. Shared by the routes and the batch fan-out.
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -77,9 +78,12 @@ def completion_jobs(
                           "choices in one request", "too_many_choices")  # fmt: skip
     sampling = req.sampling()
     planned = []
+    # The request's jobs share one fair-share group in the worker's engine: together they
+    # get one job's share of a step, not one share per prompt.
+    group = {"group": "grp_" + uuid.uuid4().hex} if len(prompts) > 1 else {}
     for prompt in prompts:
         body = JobCreate(**sampling, n=req.n, prompt=prompt, priority=priority)
-        fields = dict(recorded)
+        fields = {**recorded, **group}
         if req.echo:
             text = prompt if isinstance(prompt, str) else info.tokenizer.decode(prompt)
             fields["render"] = {"echo": text}

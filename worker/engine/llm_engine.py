@@ -95,10 +95,19 @@ class LLMEngine:
         )  # fmt: skip
 
     def can_admit(
-        self, num_prompt_tokens: int, max_tokens: int, prompt_token_ids: list[int] | None = None
+        self,
+        num_prompt_tokens: int,
+        max_tokens: int,
+        prompt_token_ids: list[int] | None = None,
+        group: str | None = None,
     ) -> bool:
-        """Would a request of this size be scheduled now (blocks after prefix hits, a slot)?"""
-        return self.scheduler.can_admit(num_prompt_tokens, max_tokens, prompt_token_ids)
+        """Would a request of this size be scheduled now (blocks after prefix hits, a slot,
+        or a slot its group's fair share would take back from a group over its share)?"""
+        return self.scheduler.can_admit(num_prompt_tokens, max_tokens, prompt_token_ids, group)
+
+    def room(self) -> int:
+        """How many sequences a new job could start now (free slots, or its fair share)."""
+        return self.scheduler.room()
 
     def add_request(
         self,
@@ -106,7 +115,10 @@ class LLMEngine:
         prompt_token_ids: list[int],
         params: SamplingParams,
         priority: Priority = Priority.INTERACTIVE,
+        group: str | None = None,
     ) -> None:
+        """``group``: the job this request is part of (a job's choices, the prompts of one
+        request); the scheduler shares steps fairly between groups. None: its own group."""
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in the engine")
         if self.text.is_deferred(request_id):  # ended, its last text not made yet
@@ -116,7 +128,9 @@ class LLMEngine:
         if params.structured is not None:
             assert self.grammar is not None
             self.grammar.add(request_id, params.structured)  # ValueError for a bad grammar
-        request = Request(request_id, prompt_token_ids, params, priority, next(self._arrivals))
+        request = Request(
+            request_id, prompt_token_ids, params, priority, next(self._arrivals), group
+        )
         request.stop_token_ids = stop_token_ids(params, self.eos_token_ids)
         self.requests[request_id] = request
         self.text.add(request)

@@ -53,8 +53,12 @@ class Request:
         params: SamplingParams,
         priority: Priority = Priority.INTERACTIVE,
         arrival_seq: int = 0,
+        group: str | None = None,
     ) -> None:
         self.request_id = request_id
+        # The job it belongs to (a job's choices, a request's prompts): the unit of fair
+        # shares in the scheduler (worker/engine/fair_share.py). Alone, its own group.
+        self.group = group or request_id
         self.prompt_token_ids = list(prompt_token_ids)
         self.output_token_ids: list[int] = []
         self.output_logprobs: list[TokenLogprob] = []  # when params.logprobs is set

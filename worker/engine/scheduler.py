@@ -7,8 +7,10 @@ many tokens each, and where their KV lives; the model runner turns that into ten
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 
+from worker.engine import fair_share
 from worker.engine.block_manager import BlockManager
 from worker.engine.config import EngineConfig
 from worker.engine.request import Request, RequestStatus
@@ -80,23 +82,59 @@ class Scheduler:
             i -= 1
         self.waiting.insert(i, request)
 
+    def _shares(self, newcomer: str | None = None) -> tuple[dict[str, int], Counter[str]]:
+        """Each group's fair share of the slots (with ``newcomer`` wanting them all, when
+        given) and how many each runs now."""
+        demand = fair_share.demands(self.running, self.waiting)
+        if newcomer is not None:
+            demand[newcomer] = self.config.max_num_seqs
+        alloc = fair_share.water_fill(demand, self.config.max_num_seqs)
+        return alloc, Counter(r.group for r in self.running)
+
+    def _ahead(self, alloc: dict[str, int], running_by: Counter[str]) -> list[Request]:
+        """Waiting requests that a newcomer would not pass: those under their share."""
+        return [r for r in self.waiting if fair_share.under_share(r.group, running_by, alloc)]
+
+    def room(self) -> int:
+        """Sequences a new group could start now: the free slots, or the fair share it
+        would take back from groups over theirs."""
+        if self.is_static:
+            return 0 if self.static_batch else self.config.max_num_seqs - self.num_unfinished
+        alloc, running_by = self._shares("\0new")
+        free = self.config.max_num_seqs - len(self.running) - len(self._ahead(alloc, running_by))
+        return max(free, alloc["\0new"])
+
     def can_admit(
-        self, num_prompt_tokens: int, max_tokens: int, prompt_token_ids: list[int] | None = None
+        self,
+        num_prompt_tokens: int,
+        max_tokens: int,
+        prompt_token_ids: list[int] | None = None,
+        group: str | None = None,
     ) -> bool:
-        """Would a new request of this size start now: a seq slot and blocks for its prompt."""
+        """Would a new request of this size start now: a seq slot and blocks for its prompt
+        (counting what its group's fair share would take back from groups over theirs)."""
         if self.is_static and self.static_batch:
             return False  # a static batch is running: new work waits until it is done
-        if self.num_unfinished >= self.config.max_num_seqs:
-            return False
         bm = self.block_manager
         if num_prompt_tokens + max_tokens > bm.num_blocks * bm.block_size:
+            return False
+        if self.is_static:
+            ahead, reclaim = self.waiting, None
+        else:
+            alloc, running_by = self._shares()
+            ahead = self._ahead(alloc, running_by)
+            key = group if group is not None else "\0new"
+            mine, _ = self._shares(key)
+            reclaim = fair_share.victim(self.running, mine) if running_by[key] < mine[key] else None
+        if len(self.running) + len(ahead) >= self.config.max_num_seqs and reclaim is None:
             return False
         num_hit_tokens = 0
         if prompt_token_ids is not None:
             num_hit_tokens = len(bm.lookup_prefix(prompt_token_ids, record=False)) * bm.block_size
-        reserved = sum(bm.blocks_for(r.num_tokens + 1) for r in self.waiting)
+        reserved = sum(bm.blocks_for(r.num_tokens + 1) for r in ahead)
         needed = bm.blocks_for(num_prompt_tokens + 1) - num_hit_tokens // bm.block_size
-        return needed + reserved <= bm.num_free_blocks
+        freeable = len(bm.get_block_table(reclaim.request_id)) if reclaim is not None else 0
+        return needed + reserved <= bm.num_free_blocks + freeable
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
@@ -108,6 +146,9 @@ class Scheduler:
             self.static_batch = {r.request_id for r in batch}
         # Running requests first, decodes before partial prefills, so a long prompt
         # being chunked never stalls the sequences that are already generating.
+        if not self.is_static:
+            self._reclaim(out)
+        fair_preemptions = len(out.preempted_ids)
         ordered = sorted(self.running, key=lambda r: r.num_tokens - r.num_computed_tokens > 1)
         for request in ordered:
             if budget == 0:
@@ -119,9 +160,22 @@ class Scheduler:
                 continue
             out.scheduled.append(self._scheduled(request, num_new))
             budget -= num_new
-        if not out.preempted_ids:
+        if len(out.preempted_ids) == fair_preemptions:  # no KV pressure in this step
             budget = self._admit_waiting(out, budget, now)
         return out
+
+    def _reclaim(self, out: SchedulerOutput) -> None:
+        """Preempt requests of groups over their fair share for the slots that waiting
+        groups under theirs are owed and cannot get from the free ones."""
+        if not self.waiting:
+            return
+        alloc, running_by = self._shares()
+        need = fair_share.owed(self.waiting, running_by, alloc)
+        need -= self.config.max_num_seqs - len(self.running)
+        while need > 0 and (victim := fair_share.victim(self.running, alloc)) is not None:
+            self._preempt(victim)
+            out.preempted_ids.append(victim.request_id)
+            need -= 1
 
     def _allocate_or_preempt(self, request: Request, num_new: int, out: SchedulerOutput) -> bool:
         while not self.block_manager.allocate_slots(request, num_new):
@@ -143,29 +197,62 @@ class Scheduler:
 
     def _admit_waiting(self, out: SchedulerOutput, budget: int, now: float) -> int:
         bm = self.block_manager
+        alloc, running_by = self._shares()  # demand does not change while admitting
         while budget > 0 and len(self.running) < self.config.max_num_seqs:
-            request = self._next_admissible()
+            request = self._next_admissible(alloc, running_by)
             if request is None:
                 break
             hits = bm.get_computed_blocks(request)
             num_cached = len(hits) * bm.block_size
             num_new = min(request.num_tokens - num_cached, budget)
             if not bm.allocate_slots(request, num_new, hits):
-                break
+                if not self._free_blocks_for(request, alloc, running_by, out):
+                    break
+                continue  # blocks freed: look its prefix up again
             self.waiting.remove(request)
             request.num_computed_tokens = num_cached
             request.status = RequestStatus.RUNNING
             if request.timings.first_scheduled is None:
                 request.timings.first_scheduled = now
             self.running.append(request)
+            running_by[request.group] += 1
             out.scheduled.append(self._scheduled(request, num_new))
             budget -= num_new
         return budget
 
-    def _next_admissible(self) -> Request | None:
-        if not self.is_static:
-            return self.waiting[0] if self.waiting else None
-        return next((r for r in self.waiting if r.request_id in self.static_batch), None)
+    def _free_blocks_for(
+        self, request: Request, alloc: dict[str, int], running_by: Counter[str],
+        out: SchedulerOutput,
+    ) -> bool:  # fmt: skip
+        """KV blocks for a request under its group's share of the sequences the KV pool
+        holds now (as many as run): preempt one request of a group over its share; False
+        when there is none to preempt."""
+        demand = fair_share.demands(self.running, self.waiting)
+        held = fair_share.water_fill(demand, len(self.running))
+        if not fair_share.under_share(request.group, running_by, held):
+            return False
+        victim = fair_share.victim(self.running, held)
+        if victim is None:
+            return False
+        self._preempt(victim)
+        running_by[victim.group] -= 1
+        out.preempted_ids.append(victim.request_id)
+        out.scheduled = [s for s in out.scheduled if s.request_id != victim.request_id]
+        return True
+
+    def _next_admissible(self, alloc: dict[str, int], running_by: Counter[str]) -> Request | None:
+        """Best priority class first; within it, groups under their fair share before groups
+        over it, groups running fewer sequences first; then the waiting order (arrival,
+        preempted requests first)."""
+        if self.is_static:
+            return next((r for r in self.waiting if r.request_id in self.static_batch), None)
+        best: tuple[int, bool, int, int] | None = None
+        for k, r in enumerate(self.waiting):
+            over = not fair_share.under_share(r.group, running_by, alloc)
+            key = (int(r.priority), over, running_by[r.group], k)
+            if best is None or key < best:
+                best = key
+        return None if best is None else self.waiting[best[3]]
 
     def _scheduled(self, request: Request, num_new: int) -> ScheduledRequest:
         start = request.num_computed_tokens
