@@ -19,6 +19,7 @@ Pure Python, no torch.
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from collections.abc import Iterable, Mapping
 
@@ -44,7 +45,8 @@ def water_fill(demand: Mapping[str, int], capacity: int) -> dict[str, int]:
 
 
 def demands(running: Iterable[Request], waiting: Iterable[Request]) -> Counter[str]:
-    return Counter(r.group for r in running) + Counter(r.group for r in waiting)
+    """Unfinished requests per group, running ones' groups first (water_fill's order)."""
+    return Counter(r.group for r in itertools.chain(running, waiting))
 
 
 def under_share(group: str, running_by: Mapping[str, int], alloc: Mapping[str, int]) -> bool:

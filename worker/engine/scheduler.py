@@ -6,6 +6,7 @@ many tokens each, and where their KV lives; the model runner turns that into ten
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -146,8 +147,12 @@ class Scheduler:
             self.static_batch = {r.request_id for r in batch}
         # Running requests first, decodes before partial prefills, so a long prompt
         # being chunked never stalls the sequences that are already generating.
-        if not self.is_static:
-            self._reclaim(out)
+        shared = not self.is_static and self._grouped()
+        # Fair shares, once a step: demand does not change within it (a preempted request
+        # waits again); what each group runs is kept up to date as requests move.
+        alloc, running_by = self._shares() if shared else ({}, Counter[str]())
+        if shared:
+            self._reclaim(out, alloc, running_by)
         fair_preemptions = len(out.preempted_ids)
         ordered = sorted(self.running, key=lambda r: r.num_tokens - r.num_computed_tokens > 1)
         for request in ordered:
@@ -161,19 +166,31 @@ class Scheduler:
             out.scheduled.append(self._scheduled(request, num_new))
             budget -= num_new
         if len(out.preempted_ids) == fair_preemptions:  # no KV pressure in this step
-            budget = self._admit_waiting(out, budget, now)
+            budget = self._admit_waiting(out, budget, now, alloc if shared else None, running_by)
         return out
 
-    def _reclaim(self, out: SchedulerOutput) -> None:
+    def _grouped(self) -> bool:
+        """Some job has several sequences in: fair shares apply. (With one sequence per job
+        they change nothing: requests are served in order, and it costs nothing to ask.)"""
+        seen: set[str] = set()
+        for r in itertools.chain(self.running, self.waiting):
+            if r.group in seen:
+                return True
+            seen.add(r.group)
+        return False
+
+    def _reclaim(
+        self, out: SchedulerOutput, alloc: dict[str, int], running_by: Counter[str]
+    ) -> None:
         """Preempt requests of groups over their fair share for the slots that waiting
         groups under theirs are owed and cannot get from the free ones."""
         if not self.waiting:
             return
-        alloc, running_by = self._shares()
         need = fair_share.owed(self.waiting, running_by, alloc)
         need -= self.config.max_num_seqs - len(self.running)
         while need > 0 and (victim := fair_share.victim(self.running, alloc)) is not None:
             self._preempt(victim)
+            running_by[victim.group] -= 1
             out.preempted_ids.append(victim.request_id)
             need -= 1
 
@@ -195,18 +212,23 @@ class Scheduler:
         self.num_preemptions += 1
         self._insert_waiting(request, front=True)
 
-    def _admit_waiting(self, out: SchedulerOutput, budget: int, now: float) -> int:
+    def _admit_waiting(
+        self, out: SchedulerOutput, budget: int, now: float, alloc: dict[str, int] | None,
+        running_by: Counter[str],
+    ) -> int:  # fmt: skip
+        """Admit waiting requests under the budget; by fair shares when ``alloc`` is given."""
         bm = self.block_manager
-        alloc, running_by = self._shares()  # demand does not change while admitting
         while budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self._next_admissible(alloc, running_by)
+            if request is None:
+                break
             if request is None:
                 break
             hits = bm.get_computed_blocks(request)
             num_cached = len(hits) * bm.block_size
             num_new = min(request.num_tokens - num_cached, budget)
             if not bm.allocate_slots(request, num_new, hits):
-                if not self._free_blocks_for(request, alloc, running_by, out):
+                if alloc is None or not self._free_blocks_for(request, alloc, running_by, out):
                     break
                 continue  # blocks freed: look its prefix up again
             self.waiting.remove(request)
@@ -240,18 +262,24 @@ class Scheduler:
         out.scheduled = [s for s in out.scheduled if s.request_id != victim.request_id]
         return True
 
-    def _next_admissible(self, alloc: dict[str, int], running_by: Counter[str]) -> Request | None:
+    def _next_admissible(
+        self, alloc: dict[str, int] | None, running_by: Counter[str]
+    ) -> Request | None:
         """Best priority class first; within it, groups under their fair share before groups
         over it, groups running fewer sequences first; then the waiting order (arrival,
         preempted requests first)."""
         if self.is_static:
             return next((r for r in self.waiting if r.request_id in self.static_batch), None)
+        if alloc is None:
+            return self.waiting[0] if self.waiting else None
         best: tuple[int, bool, int, int] | None = None
         for k, r in enumerate(self.waiting):
             over = not fair_share.under_share(r.group, running_by, alloc)
             key = (int(r.priority), over, running_by[r.group], k)
             if best is None or key < best:
                 best = key
+                if key[:3] == (0, False, 0):
+                    break  # no later request can come before it
         return None if best is None else self.waiting[best[3]]
 
     def _scheduled(self, request: Request, num_new: int) -> ScheduledRequest:
