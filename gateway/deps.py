@@ -48,6 +48,15 @@ class GatewayState:
         raw = await self.aredis.hgetall(Keys.job(job_id))
         return decode_hash(raw) if raw else None
 
+    async def get_job_parts(self, job_id: str) -> tuple[dict[str, str], bytes | None] | None:
+        """The record without its ``choices``, and those as stored (bytes, undecoded: with
+        logprobs they can be megabytes, which a read passes through as they are)."""
+        raw = await self.aredis.hgetall(Keys.job(job_id))
+        if not raw:
+            return None
+        choices = raw.pop(b"choices", None)
+        return decode_hash(raw), choices
+
 
 def tokenize_threads(settings: Settings) -> int:
     """Threads that may tokenise at once; by default one core is left to the event loop."""

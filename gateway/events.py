@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
@@ -68,7 +69,7 @@ async def many_job_events(
                     yield item
             if key in last:  # no "done" event (expired stream, never started, reaped)
                 if last.pop(key) == "0":
-                    for delta in _replay(record):
+                    for delta in await asyncio.to_thread(_replay, record):
                         yield k, delta
                 yield k, {"type": "done", "status": status.value}
 

@@ -150,7 +150,7 @@ async def chunks(state: GatewayState, plan: StreamPlan) -> AsyncIterator[dict[st
             return
         assert record is not None
         finals[k] = record
-        for j, c in enumerate(record_choices(record)):
+        for j, c in enumerate(await asyncio.to_thread(record_choices, record)):
             for item in out.finish(record, k * plan.n + j, c):
                 yield item
     if plan.include_usage:

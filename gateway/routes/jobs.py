@@ -6,14 +6,14 @@ import asyncio
 import json
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Header, HTTPException
+from fastapi import APIRouter, Header, HTTPException, Response
 from sse_starlette.sse import EventSourceResponse
 
 from gateway.deps import GatewayState, StateDep, TenantDep
 from gateway.errors import shown
 from gateway.events import job_events
 from gateway.submit import submit_job
-from infra.jobs.public import ErrorBody, JobAccepted, JobPublic, delta_public, job_public
+from infra.jobs.public import ErrorBody, JobAccepted, JobPublic, delta_public, job_public_json
 from infra.jobs.schemas import JobCreate
 from infra.wire.protocol import JobStatus
 
@@ -50,16 +50,25 @@ async def create_job(
     )
 
 
+async def public_job(state: GatewayState, tenant: str, job_id: str) -> Response:
+    """The job as JSON, its stored choices passed through undecoded and unparsed (a large
+    logprobs payload costs the event loop a copy: infra/jobs/public.py job_public_json)."""
+    parts = await state.get_job_parts(job_id)
+    if parts is None or parts[0].get("tenant") != tenant:
+        raise HTTPException(404, detail=f"job {shown(job_id)} not found")
+    return Response(job_public_json(*parts), media_type="application/json")
+
+
 @router.get("/{job_id}", response_model=JobPublic, responses=ERRORS)
-async def get_job(job_id: str, state: StateDep, tenant: TenantDep) -> JobPublic:
-    return job_public(await owned_job(state, tenant, job_id))
+async def get_job(job_id: str, state: StateDep, tenant: TenantDep) -> Response:
+    return await public_job(state, tenant, job_id)
 
 
 @router.delete("/{job_id}", response_model=JobPublic, responses=ERRORS)
-async def cancel_job(job_id: str, state: StateDep, tenant: TenantDep) -> JobPublic:
+async def cancel_job(job_id: str, state: StateDep, tenant: TenantDep) -> Response:
     await owned_job(state, tenant, job_id)
     await asyncio.to_thread(state.store.cancel, job_id, tenant)
-    return job_public(await owned_job(state, tenant, job_id))
+    return await public_job(state, tenant, job_id)
 
 
 @router.get("/{job_id}/events", responses=ERRORS)
@@ -73,7 +82,7 @@ async def stream_job(job_id: str, state: StateDep, tenant: TenantDep) -> EventSo
             if event["type"] == "delta":
                 yield {"event": "delta", "data": json.dumps(delta_public(event))}
             else:
-                final = job_public(await owned_job(state, tenant, job_id))
-                yield {"event": "done", "data": final.model_dump_json()}
+                final = job_public_json(await owned_job(state, tenant, job_id))
+                yield {"event": "done", "data": final.decode()}
 
     return EventSourceResponse(events())

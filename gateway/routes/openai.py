@@ -109,7 +109,8 @@ async def completions(body: CompletionCreate, state: StateDep, tenant: TenantDep
         plan = StreamPlan(ids, tenant, body.n, name, chat=False,
                           include_usage=_include_usage(body), echo=echo)  # fmt: skip
         return stream_response(state, plan)
-    return completions_body(await _wait(state, tenant, ids), name)
+    records = await _wait(state, tenant, ids)
+    return await asyncio.to_thread(completions_body, records, name)  # logprobs may be MBs
 
 
 @router.post("/chat/completions", responses=SYNC_ERRORS)
@@ -126,4 +127,5 @@ async def chat_completions(body: ChatCompletionCreate, state: StateDep, tenant: 
                           include_usage=_include_usage(body),
                           tools=ToolRender.from_dict(tools) if tools else None)  # fmt: skip
         return stream_response(state, plan)
-    return chat_body((await _wait(state, tenant, ids))[0], name)
+    record = (await _wait(state, tenant, ids))[0]
+    return await asyncio.to_thread(chat_body, record, name)  # logprobs may be MBs

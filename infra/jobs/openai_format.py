@@ -14,10 +14,12 @@ from typing import Any
 from infra.jobs.openai_logprobs import chat_logprobs, completion_logprobs
 from infra.jobs.tools import ToolRender
 
+PIECEWISE_CHARS = 1 << 20  # a longer choices list is parsed one choice at a time
+
 
 def record_choices(record: dict[str, str]) -> list[dict[str, Any]]:
     if record.get("choices"):
-        choices: list[dict[str, Any]] = json.loads(record["choices"])
+        choices = _json_list(record["choices"])
         return sorted(choices, key=lambda c: int(c.get("index", 0)))
     return [{
         "index": 0, "text": record.get("text", ""),
@@ -98,3 +100,21 @@ def chat_body(record: dict[str, str], model: str) -> dict[str, Any]:
     choices = [chat_choice(record, c, i) for i, c in enumerate(record_choices(record))]
     return {**_head(record, model, "chat.completion"), "choices": choices,
             "usage": usage_of(record)}  # fmt: skip
+
+
+def _json_list(raw: str) -> list[dict[str, Any]]:
+    """A JSON list; a long one element by element, so that a thread parsing megabytes of
+    logprobs lets others (the gateway's event loop) run between elements rather than
+    holding the interpreter for the whole of one json.loads call."""
+    if len(raw) < PIECEWISE_CHARS:
+        parsed: list[dict[str, Any]] = json.loads(raw)
+        return parsed
+    decoder, out = json.JSONDecoder(), []
+    i = raw.index("[") + 1
+    while True:
+        while raw[i] in " \t\r\n,":
+            i += 1
+        if raw[i] == "]":
+            return out
+        item, i = decoder.raw_decode(raw, i)
+        out.append(item)

@@ -78,10 +78,14 @@ def _float(record: dict[str, str], key: str) -> float | None:
     return float(value) if value else None
 
 
-def _choices(record: dict[str, str], finished: bool) -> list[JobChoice] | None:
+def _choices_wanted(record: dict[str, str]) -> bool:
+    """Choices are shown when the job asked for several or for logprobs."""
     sampling = json.loads(record["sampling"]) if record.get("sampling") else {}
-    wanted = int(sampling.get("n") or 1) > 1 or sampling.get("logprobs") is not None
-    if not wanted or not (finished or record.get("choices")):
+    return int(sampling.get("n") or 1) > 1 or sampling.get("logprobs") is not None
+
+
+def _choices(record: dict[str, str], finished: bool) -> list[JobChoice] | None:
+    if not _choices_wanted(record) or not (finished or record.get("choices")):
         return None
     return [JobChoice.model_validate(c) for c in record_choices(record)]
 
@@ -97,8 +101,25 @@ def delta_public(event: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def job_public(record: dict[str, str]) -> JobPublic:
-    """The API view of a job record from Redis."""
+def job_public_json(record: dict[str, str], choices: bytes | None = None) -> bytes:
+    """``job_public(record)`` as JSON, without parsing a finished job's stored choices: the
+    worker writes them in the public shape, in index order (worker/held.py), so their JSON
+    is spliced in as it is. ``choices``: the record's ``choices`` as read, undecoded, for a
+    record read without them (``None``: the record's own field). A job of 16 choices with
+    20 top logprobs per token is a record of about 12 MB; parsing and re-encoding it took
+    over a second of the gateway's event loop, splicing takes milliseconds."""
+    raw = choices if choices is not None else record.get("choices", "").encode()
+    if not raw or not _choices_wanted(record):
+        return job_public(record).model_dump_json().encode()
+    head = job_public(record, with_choices=False).model_dump_json().encode()
+    # "choices" is a field of JobPublic before any free text: its null is the first match.
+    at = head.index(b'"choices":null')
+    return b"".join((head[:at], b'"choices":', raw, head[at + len(b'"choices":null') :]))
+
+
+def job_public(record: dict[str, str], with_choices: bool = True) -> JobPublic:
+    """The API view of a job record from Redis (``with_choices=False``: choices left null,
+    for ``job_public_json``)."""
     status = JobStatus(record["status"])
     queued_at, started = _float(record, "queued_at"), _float(record, "started_at")
     first = _float(record, "first_token_at")
@@ -121,7 +142,7 @@ def job_public(record: dict[str, str]) -> JobPublic:
         priority=Priority(record["priority"]),
         created_at=float(record["created_at"]),
         result=result,
-        choices=_choices(record, status.is_terminal),
+        choices=_choices(record, status.is_terminal) if with_choices else None,
         usage=JobUsage(
             prompt_tokens=int(record.get("prompt_tokens") or 0),
             completion_tokens=int(record.get("completion_tokens") or 0),
