@@ -136,9 +136,23 @@ def plan_line(
     return completion_jobs(request, served, info, Priority.BATCH)[0]
 
 
+def _cancel_unstarted(batch_id: str) -> str:
+    """A batch cancelled before any of its lines was written ends cancelled at once."""
+    handles().batches.transition(
+        batch_id, ["cancelling"], status="cancelled", cancelled_at=time.time()
+    )
+    return "cancelled"
+
+
+def _cancelling(batch_id: str) -> bool:
+    status = handles().client.hget(Keys.batch(batch_id), "status")
+    return status == b"cancelling"
+
+
 def fan_out(batch: dict[str, str], file: dict[str, str], served: ServedModel) -> int:
     """One job per line at batch priority for the batch's model `served` (its tokenizer and
-    queues), written in pipelines; returns the request count."""
+    queues), written in pipelines of FANOUT_CHUNK lines; returns the count of lines written.
+    A cancel stops it between pipelines: the lines after those written get no job."""
     h = handles()
     settings, client, jobs = h.settings, h.client, h.jobs
     models = catalog(settings)
@@ -187,8 +201,10 @@ def fan_out(batch: dict[str, str], file: dict[str, str], served: ServedModel) ->
         except SubmissionError as e:
             param = f"body.{e.param}" if e.param else None
             refused[str(index)] = refusal(e.status, e.message, custom_id, param)
-        if len(pending) >= FANOUT_CHUNK:
+        if len(pending) + len(refused) >= FANOUT_CHUNK:
             flush()
+            if _cancelling(batch_id):
+                return index + 1
     flush()
     return index + 1
 
@@ -199,8 +215,7 @@ def validate_batch(batch_id: str) -> str:
     batches = h.batches
     batch = batches.get(batch_id)
     if batch is not None and batch["status"] == "cancelling" and not batch.get("total"):
-        batches.transition(batch_id, ["cancelling"], status="cancelled", cancelled_at=time.time())
-        return "cancelled"
+        return _cancel_unstarted(batch_id)
     if batch is None or batch["status"] != "validating":
         return "skipped"
     file = h.files.get(batch["input_file_id"])
@@ -218,12 +233,19 @@ def validate_batch(batch_id: str) -> str:
         )
         return "failed"
     assert file is not None
+    if _cancelling(batch_id):  # cancelled while the file was checked: nothing written yet
+        return _cancel_unstarted(batch_id)
     total = fan_out(batch, file, check.model)
     entries = h.client.hvals(Keys.batch_lines(batch_id))
     refused = sum(1 for v in entries if v.startswith(REFUSED.encode()))
     h.client.sadd(Keys.active_batches, batch_id)
-    batches.transition(
-        batch_id, ["validating"], status="in_progress", in_progress_at=time.time(), total=total,
-        refused=refused, model=check.model.name,
-    )  # fmt: skip
-    return "in_progress"
+    counts = {"total": total, "refused": refused, "model": check.model.name}
+    if batches.transition(
+        batch_id, ["validating"], status="in_progress", in_progress_at=time.time(), **counts
+    ):
+        return "in_progress"
+    # Cancelled while validating: the lines written so far are the batch (the supervisor
+    # cancels their queued jobs and finalizes it as cancelled); the rest got no job.
+    if batches.transition(batch_id, ["cancelling"], status="cancelling", **counts):
+        return "cancelling"
+    return "skipped"

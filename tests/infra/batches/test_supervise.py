@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
-from infra.batches import supervise
+from infra.batches import supervise, validate
+from infra.batches.finalize import finalize_batch
+from infra.batches.store import FANOUT_CHUNK
 from infra.batches.supervise import FULL_PASS_SECONDS, supervise_batches
 from infra.batches.validate import validate_batch
 from infra.wire.protocol import JobStatus, Keys
+from tests.conftest import wait_for
 from tests.infra.batches.conftest import line
 
 OK = {"prompt": "Once upon a time", "max_tokens": 4}
@@ -113,3 +118,42 @@ def test_ended_and_missing_batches_leave_the_active_set(world, sent):
     world.h.client.sadd(Keys.active_batches, "batch_missing")
     supervise_batches()
     assert world.h.client.smembers(Keys.active_batches) == set()
+
+
+def test_a_cancel_while_fanning_out_stops_it_and_leaves_no_job_behind(world, sent):
+    lines = 8 * FANOUT_CHUNK
+    batch_id = world.new_batch("\n".join(line(f"r{i}", OK) for i in range(lines)))
+    result: list[str] = []
+    task = threading.Thread(target=lambda: result.append(validate_batch(batch_id)))
+    task.start()
+    # The route's cancel, once the first pipeline of jobs is written.
+    wait_for(lambda: world.h.client.hlen(Keys.batch_lines(batch_id)) > 0, 60)
+    assert world.h.batches.transition(batch_id, ["validating"], status="cancelling")
+    task.join(60)
+    batch = world.h.batches.get(batch_id)
+    written = int(batch["total"])
+    assert result == ["cancelling"] and batch["status"] == "cancelling", (result, batch)
+    assert written < lines and world.h.client.hlen(Keys.batch_lines(batch_id)) == written
+    supervise_batches()  # the written lines' queued jobs are cancelled
+    statuses = {world.h.jobs.get(j)["status"] for j in world.job_ids(batch_id)}
+    assert statuses == {JobStatus.CANCELLED}
+    supervise_batches()
+    assert world.h.batches.get(batch_id)["status"] == "finalizing"
+    assert sent["finalize"].ids == [batch_id]
+    assert finalize_batch(batch_id) == "cancelled"
+    batch = world.h.batches.get(batch_id)
+    assert batch["status"] == "cancelled" and int(batch["total"]) == written
+
+
+def test_a_cancel_before_fan_out_writes_no_job(world, sent, monkeypatch):
+    batch_id = world.new_batch(line("r0", OK))
+    checked = validate.check_envelopes
+
+    def check_then_cancel(*args, **kwargs):  # type: ignore[no-untyped-def]
+        world.h.batches.transition(batch_id, ["validating"], status="cancelling")
+        return checked(*args, **kwargs)
+
+    monkeypatch.setattr(validate, "check_envelopes", check_then_cancel)
+    assert validate_batch(batch_id) == "cancelled"
+    assert world.h.batches.get(batch_id)["status"] == "cancelled"
+    assert not world.h.client.keys("tide:job:*")
