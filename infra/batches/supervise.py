@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 
 from infra.batches.finalize import finalize_batch
-from infra.batches.store import REFUSED, BatchStore, handles
+from infra.batches.store import FANOUT_CHUNK, REFUSED, BatchStore, handles
 from infra.batches.validate import validate_batch
 from infra.wire.jobstore import JobStore
 from infra.wire.protocol import JobStatus, Keys
@@ -43,11 +43,8 @@ def _line_states(batches: BatchStore, batch_id: str, total: int) -> list[str]:
 
 def _cancel_queued(batches: BatchStore, jobs: JobStore, batch_id: str, tenant: str) -> None:
     """Cancel the batch's jobs that have not started; running ones finish."""
-    client = batches.r
-    for raw in client.hvals(Keys.batch_lines(batch_id)):
-        job_id = raw.decode()
-        if not job_id.startswith(REFUSED) and client.hget(Keys.job(job_id), "status") == b"queued":
-            jobs.cancel(job_id, tenant)
+    lines = [raw.decode() for raw in batches.r.hvals(Keys.batch_lines(batch_id))]
+    jobs.cancel_queued([j for j in lines if not j.startswith(REFUSED)], tenant, FANOUT_CHUNK)
 
 
 def _forget(batch_id: str) -> None:

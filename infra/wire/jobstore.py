@@ -196,6 +196,25 @@ class JobStore:
         )
         return res.decode() if isinstance(res, bytes) else res
 
+    def cancel_queued(self, job_ids: list[str], tenant: str, chunk: int = 500) -> int:
+        """Cancel those of the jobs still queued (running ones finish), in pipelines of
+        `chunk` jobs; how many were cancelled."""
+        cancelled = 0
+        for start in range(0, len(job_ids), chunk):
+            ids = job_ids[start : start + chunk]
+            read = self.r.pipeline(transaction=False)
+            for job_id in ids:
+                read.hget(Keys.job(job_id), "status")
+            queued = [j for j, s in zip(ids, read.execute(), strict=True) if s == b"queued"]
+            write = self.r.pipeline(transaction=False)
+            now = time.time()
+            for job_id in queued:
+                self._cancel(keys=[Keys.job(job_id), Keys.tenant_active(tenant)],
+                             args=[now, job_id], client=write)  # fmt: skip
+            write.execute()
+            cancelled += len(queued)
+        return cancelled
+
     def reap(
         self,
         max_attempts: int,
