@@ -56,8 +56,9 @@ def gateway(redis_server, redis_client, tiny_path, tmp_path):  # type: ignore[no
 def big_job(url: str, redis_client) -> str:  # type: ignore[no-untyped-def]
     body = {"prompt": "hi", "n": 16, "logprobs": 20, "max_tokens": TOKENS}
     job_id = httpx.post(f"{url}/v1/jobs", json=body, headers=AUTH).json()["id"]
-    worker = FakeWorker(redis_client, lambda record, i: Answer(text="ab" * TOKENS,
-                                                               tokens=["ab"] * TOKENS))
+    worker = FakeWorker(
+        redis_client, lambda record, i: Answer(text="ab" * TOKENS, tokens=["ab"] * TOKENS)
+    )
     taker, store = queues.Taker(redis_client), JobStore(redis_client)
     (delivery,) = taker.take([queue_name(b, p) for p in Priority for b in BUCKETS], 1)
     worker.answer(store, delivery.job().job_id)
@@ -97,6 +98,8 @@ def test_healthz_stays_fast_while_clients_read_a_large_job(gateway, redis_client
     watcher.join()
     assert len(sizes) == 80 and min(sizes) > 10_000_000
     p99 = statistics.quantiles(latencies, n=100, method="inclusive")[98]
-    print(f"/healthz p99 {p99 * 1000:.1f} ms, max {max(latencies) * 1000:.1f} ms "
-          f"({len(latencies)} probes) while 4 clients read a {min(sizes) / 1e6:.1f} MB job")
+    print(
+        f"/healthz p99 {p99 * 1000:.1f} ms, max {max(latencies) * 1000:.1f} ms "
+        f"({len(latencies)} probes) while 4 clients read a {min(sizes) / 1e6:.1f} MB job"
+    )
     assert len(latencies) >= 20 and p99 < 0.05, (p99, max(latencies), len(latencies))
