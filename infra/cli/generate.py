@@ -9,6 +9,7 @@ from typing import Any
 
 from infra.cli.engine_flags import GENERATE_FLAGS, add_engine_flags, engine_kwargs
 from infra.jsonl import iter_objects
+from infra.settings import DEFAULT_MODEL
 
 GENERATE_OVERRIDES = {
     "max_tokens": int,
@@ -28,7 +29,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="run prompts through one in-process engine (continuous batching)",
         description="Generate completions for one or more prompts, all batched in one engine.",
     )
-    gen.add_argument("--model", default="dummy:tiny", help="HF folder or dummy:PRESET")
+    gen.add_argument("--model", default=DEFAULT_MODEL,
+                     help="HF folder, .gguf file, bundled name or dummy:PRESET")  # fmt: skip
     gen.add_argument("--prompt", action="append", default=[], help="a prompt; repeatable")
     gen.add_argument(
         "--prompts-file",

@@ -1,6 +1,6 @@
-"""Where a model named on the command line or in a fleet file lives: an HF folder as is, or
-``dummy:<preset>[:seed]`` materialised once into the cache (safe across processes: built in a
-temporary folder and renamed into place)."""
+"""Where a model named on the command line or in a fleet file lives: an HF folder as is, a
+GGUF file converted once into the cache, or ``dummy:<preset>[:seed]`` materialised once
+(each safe across processes: built in a temporary folder and renamed into place)."""
 
 from __future__ import annotations
 
@@ -14,10 +14,11 @@ from worker.models.registry import model_folder, parse_dummy
 
 
 def resolve_model_path(model: str) -> Path:
-    """A folder path as is; ``dummy:<preset>[:seed]`` materialised once into the cache."""
+    """A folder path as is; ``dummy:<preset>[:seed]`` materialised once into the cache; a
+    GGUF file or a bundled model's name converted once into the cache (registry)."""
     dummy = parse_dummy(model)
     if dummy is None:
-        return Path(model)
+        return model_folder(model)
     preset, seed = dummy
     hf_config(preset)  # validates the preset name
     target = model_folder(model)
