@@ -8,7 +8,7 @@ MODEL ?= SmolLM2-135M-Instruct
 WORKERS ?= 2
 PORT ?= 8000
 
-.PHONY: install kernels browser up test lint fmt typecheck bench bench-peers clean
+.PHONY: install kernels browser up test lint fmt typecheck bench bench-peers bench-llamacpp clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -50,6 +50,22 @@ bench-peers:
 	$(PEERS)/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec || true
 	$(PEERS)/bin/pip install --quiet pandas  # vllm bench serve's datasets (scripts/bench_serve.py)
 	$(PEERS)/bin/python -c 'import vllm; print("bench-peers: vllm", vllm.__version__)'
+
+# llama.cpp's server as a benchmark peer for GGUF files (scripts/bench_serve.py --peers
+# llamacpp): built from the llama.cpp sources vendored in the llama-cpp-python sdist on PyPI,
+# for this CPU, into .venv-peers/bin. Needs cmake and a C++ compiler; a few minutes.
+LLAMA_CPP_SDIST ?= llama-cpp-python==0.3.36
+LLAMA_SRC := $(PEERS)/src
+bench-llamacpp:
+	mkdir -p $(LLAMA_SRC) $(PEERS)/bin
+	$(PY) -m pip download --quiet --no-deps --no-binary :all: "$(LLAMA_CPP_SDIST)" -d $(LLAMA_SRC)
+	tar -xzf $(LLAMA_SRC)/llama_cpp_python-*.tar.gz -C $(LLAMA_SRC)
+	cmake -S $$(ls -d $(LLAMA_SRC)/llama_cpp_python-*/vendor/llama.cpp | head -1) \
+		-B $(LLAMA_SRC)/build -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
+		-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON >/dev/null
+	cmake --build $(LLAMA_SRC)/build --target llama-server -j $$(nproc) >/dev/null
+	cp $(LLAMA_SRC)/build/bin/llama-server $(PEERS)/bin/llama-server
+	$(PEERS)/bin/llama-server --version
 
 # The embedded fleet: Redis (unless REDIS_URL is set), gateway, workers, webhooks, reaper.
 up: $(STAMP) kernels

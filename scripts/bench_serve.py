@@ -39,6 +39,7 @@ import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
 PEERS_PYTHON = ROOT / ".venv-peers" / "bin" / "python"
+LLAMA_SERVER = ROOT / ".venv-peers" / "bin" / "llama-server"  # make bench-llamacpp
 TIDE = ROOT / ".venv" / "bin" / "tide"
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -69,11 +70,14 @@ METRICS = ("completed", "failed", "output_throughput", "median_ttft_ms", "p99_tt
 
 
 def model_folder(name: str, out: Path) -> Path:
-    """The model as a folder both servers load, with a chat template added."""
+    """The model as a folder the servers load, with a chat template added if it has none."""
+    source = resolve_model_path(name)
+    config = json.loads((source / "tokenizer_config.json").read_text())
+    if config.get("chat_template"):
+        return source
     folder = out / "model"
-    shutil.copytree(resolve_model_path(name), folder)
+    shutil.copytree(source, folder)
     config_path = folder / "tokenizer_config.json"
-    config = json.loads(config_path.read_text()) if config_path.is_file() else {}
     config_path.write_text(json.dumps({**config, "chat_template": CHAT_TEMPLATE}))
     return folder
 
@@ -116,6 +120,13 @@ def start_server(peer: str, folder: Path, args: argparse.Namespace, tmp: Path, p
                "--dtype", args.dtype, "--data-dir", str(tmp / "tide-data"), *limits]  # fmt: skip
         env.pop("REDIS_URL", None)
         ready = "/readyz"
+    elif peer == "llamacpp":  # the GGUF file itself, on its quantised blocks
+        source = json.loads((folder / "source.json").read_text())["gguf"]
+        slots, context = args.max_num_seqs, args.max_len
+        cmd = [str(LLAMA_SERVER), "-m", source, "--port", str(port), "-t", str(args.threads),
+               "-np", str(slots), "-c", str(slots * context),
+               "-b", str(args.max_num_batched_tokens), "--alias", args.model]  # fmt: skip
+        ready = "/health"
     else:
         cmd = [str(PEERS_PYTHON), "-c", VLLM_CLI, "serve", str(folder), "--port", str(port),
                "--dtype", args.dtype, "--seed", "0", *limits]  # fmt: skip
@@ -221,7 +232,7 @@ def table(rows: list[dict[str, Any]]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="dummy:bench", help="HF folder or dummy:PRESET")
-    parser.add_argument("--peers", default="tide,vllm")
+    parser.add_argument("--peers", default="tide,vllm", help="of tide, vllm, llamacpp (GGUF)")
     parser.add_argument("--rates", default="0.5,1,2,inf", help="requests/s; inf: all at once")
     parser.add_argument("--num-prompts", type=int, default=100, help="per rate, at most")
     parser.add_argument("--seconds", type=float, default=60, help="arrivals per finite rate")
@@ -234,16 +245,23 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     if not PEERS_PYTHON.exists():
-        raise SystemExit("vLLM is not installed: run `make bench-peers` first")
+        raise SystemExit("vLLM (and its bench client) is not installed: run `make bench-peers`")
+    if "llamacpp" in args.peers and not LLAMA_SERVER.exists():
+        raise SystemExit("llama.cpp's server is not built: run `make bench-llamacpp`")
     rates = [float(r) for r in args.rates.split(",")]
     tmp = Path(tempfile.mkdtemp(prefix="tide-bench-serve-"))
     folder = model_folder(args.model, tmp)
     max_len = json.loads((folder / "config.json").read_text())["max_position_embeddings"]
-    data = dataset(tmp, args.num_prompts, args.seed, max_len) if args.dataset == "mix" else None
+    args.max_len = min(max_len, 2048)  # llama.cpp: context per parallel slot
+    data = (
+        dataset(tmp, args.num_prompts, args.seed, args.max_len) if args.dataset == "mix" else None
+    )
     rows = []
     for peer in args.peers.split(","):
         port = free_port()
+        started = time.monotonic()
         proc, name = start_server(peer, folder, args, tmp, port)
+        print(f"{peer}: ready to serve in {time.monotonic() - started:.1f} s", flush=True)
         try:
             for rate in rates:
                 num = args.num_prompts
