@@ -15,7 +15,7 @@ from gateway.routes.jobs import ERRORS
 from infra.batches.store import new_batch_id, parse_window
 from infra.batches.validate import validate_batch
 from infra.jobs.fields import METADATA_DOC, METADATA_MAX_KEYS, Metadata, NonEmptyText, Text
-from infra.jobs.public import public_batch
+from infra.jobs.public import list_page, public_batch
 from infra.jobs.schemas import WebhookSpec
 from infra.jobs.webhooks import UnsafeWebhookTarget, check_target
 from infra.wire.protocol import Keys
@@ -98,14 +98,7 @@ async def list_batches(
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
 ) -> dict[str, Any]:
     records, has_more = await asyncio.to_thread(state.batches.list, tenant, after, limit)
-    data = [public_batch(r) for r in records]
-    return {
-        "object": "list",
-        "data": data,
-        "first_id": data[0]["id"] if data else None,
-        "last_id": data[-1]["id"] if data else None,
-        "has_more": has_more,
-    }
+    return list_page([public_batch(r) for r in records], has_more)
 
 
 @router.post("/{batch_id}/cancel", responses=ERRORS)

@@ -13,6 +13,7 @@ from gateway.deps import StateDep, TenantDep
 from gateway.errors import ApiError, shown
 from gateway.routes.jobs import ERRORS
 from infra.jobs.files import FileTooLarge, limited, public_file
+from infra.jobs.public import list_page
 from infra.jobs.storage import CHUNK
 
 router = APIRouter(prefix="/v1/files", tags=["files"])
@@ -60,14 +61,7 @@ async def list_files(
     records, has_more = await asyncio.to_thread(
         state.files.list, tenant, after=after, limit=limit, order=order, purpose=purpose
     )
-    data = [public_file(r) for r in records]
-    return {
-        "object": "list",
-        "data": data,
-        "first_id": data[0]["id"] if data else None,
-        "last_id": data[-1]["id"] if data else None,
-        "has_more": has_more,
-    }
+    return list_page([public_file(r) for r in records], has_more)
 
 
 def _owned(state: StateDep, tenant: str, file_id: str) -> dict[str, str]:

@@ -167,6 +167,17 @@ def _int(record: dict[str, str], key: str) -> int | None:
     return int(float(record[key])) if record.get(key) else None
 
 
+def list_page(data: list[dict[str, Any]], has_more: bool) -> dict[str, Any]:
+    """OpenAI's page of a list (files, batches)."""
+    return {
+        "object": "list",
+        "data": data,
+        "first_id": data[0]["id"] if data else None,
+        "last_id": data[-1]["id"] if data else None,
+        "has_more": has_more,
+    }
+
+
 def public_batch(record: dict[str, str]) -> dict[str, Any]:
     """The OpenAI Batch object."""
     errors = json.loads(record["errors"]) if record.get("errors") else None
