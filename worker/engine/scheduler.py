@@ -99,8 +99,10 @@ class Scheduler:
     def room(self) -> int:
         """Sequences a new group could start now: the free slots, or the fair share it
         would take back from groups over theirs."""
-        if self.is_static:
-            return 0 if self.static_batch else self.config.max_num_seqs - self.num_unfinished
+        if self.is_static and self.static_batch:
+            return 0
+        if self.is_static or not self._grouped():  # one sequence per job: the free slots
+            return self.config.max_num_seqs - self.num_unfinished
         alloc, running_by = self._shares("\0new")
         free = self.config.max_num_seqs - len(self.running) - len(self._ahead(alloc, running_by))
         return max(free, alloc["\0new"])
@@ -119,7 +121,7 @@ class Scheduler:
         bm = self.block_manager
         if num_prompt_tokens + max_tokens > bm.num_blocks * bm.block_size:
             return False
-        if self.is_static:
+        if self.is_static or not self._grouped():  # one sequence per job: as they came
             ahead, reclaim = self.waiting, None
         else:
             alloc, running_by = self._shares()
