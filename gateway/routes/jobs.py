@@ -27,11 +27,15 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 
-async def owned_job(state: GatewayState, tenant: str, job_id: str) -> dict[str, str]:
-    record = await state.get_job(job_id)
-    if record is None or record.get("tenant") != tenant:
+async def owned_job(
+    state: GatewayState, tenant: str, job_id: str
+) -> tuple[dict[str, str], bytes | None]:
+    """The tenant's job: its record without ``choices``, and those as stored (undecoded: with
+    logprobs they can be megabytes); 404 for another tenant's or a missing job."""
+    parts = await state.get_job_parts(job_id)
+    if parts is None or parts[0].get("tenant") != tenant:
         raise HTTPException(404, detail=f"job {shown(job_id)} not found")
-    return record
+    return parts
 
 
 @router.post("", status_code=202, response_model=JobAccepted, responses=ERRORS)
@@ -51,12 +55,10 @@ async def create_job(
 
 
 async def public_job(state: GatewayState, tenant: str, job_id: str) -> Response:
-    """The job as JSON, its stored choices passed through undecoded and unparsed (a large
-    logprobs payload costs the event loop a copy: infra/jobs/public.py job_public_json)."""
-    parts = await state.get_job_parts(job_id)
-    if parts is None or parts[0].get("tenant") != tenant:
-        raise HTTPException(404, detail=f"job {shown(job_id)} not found")
-    return Response(job_public_json(*parts), media_type="application/json")
+    """The job as JSON, its stored choices passed through unparsed (a large logprobs payload
+    costs the event loop a copy: infra/jobs/public.py job_public_json)."""
+    return Response(job_public_json(*await owned_job(state, tenant, job_id)),
+                    media_type="application/json")  # fmt: skip
 
 
 @router.get("/{job_id}", response_model=JobPublic, responses=ERRORS)
@@ -82,7 +84,7 @@ async def stream_job(job_id: str, state: StateDep, tenant: TenantDep) -> EventSo
             if event["type"] == "delta":
                 yield {"event": "delta", "data": json.dumps(delta_public(event))}
             else:
-                final = job_public_json(await owned_job(state, tenant, job_id))
+                final = job_public_json(*await owned_job(state, tenant, job_id))
                 yield {"event": "done", "data": final.decode()}
 
     return EventSourceResponse(events())

@@ -7,7 +7,7 @@ needs, and the rest is split equally between the others (``water_fill``). The sp
 work-conserving: a group may run past its share while slots are free, so a job running
 alone keeps the whole batch. When a group under its share has a request waiting and no
 slot or KV block is free, the scheduler preempts requests of the groups furthest over
-their share, cheapest to recompute first (``victims``), and admits the waiting group's
+their share, cheapest to recompute first (``victim``), and admits the waiting group's
 request before theirs. A preempted request keeps its tokens and recomputes its KV
 (usually from the prefix cache) when it is admitted again.
 

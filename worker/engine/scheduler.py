@@ -224,8 +224,6 @@ class Scheduler:
             request = self._next_admissible(alloc, running_by)
             if request is None:
                 break
-            if request is None:
-                break
             hits = bm.get_computed_blocks(request)
             num_cached = len(hits) * bm.block_size
             num_new = min(request.num_tokens - num_cached, budget)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from infra.jobs.openai_format import chat_body, completion_body, completions_body
 from infra.jobs.openai_logprobs import completion_logprobs
 
@@ -74,3 +76,16 @@ def test_chat_logprobs_and_tool_calls():
 def test_chat_without_tools_keeps_call_like_text_as_content():
     rec = record(text='{"name": "f", "arguments": {}}')
     assert chat_body(rec, "m")["choices"][0]["message"]["content"] == rec["text"]
+
+
+@pytest.mark.parametrize("spacing", [(", ", ": "), (",", ":"), (" ,\n ", " : ")])
+def test_a_long_choices_list_parses_one_choice_at_a_time_to_the_same_list(monkeypatch, spacing):
+    from infra.jobs import openai_format
+
+    choices = [{"index": i, "text": "x" * 50, "logprobs": [{"token": "a", "logprob": -0.5}] * 3}
+               for i in (2, 0, 1)]  # fmt: skip
+    raw = "[ \n" + json.dumps(choices, separators=spacing)[1:-1] + "\n ]"
+    monkeypatch.setattr(openai_format, "PIECEWISE_CHARS", 0)
+    assert openai_format.record_choices({"choices": raw}) == sorted(
+        choices, key=lambda c: c["index"]
+    )
