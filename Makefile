@@ -10,7 +10,7 @@ PORT ?= 8000
 
 .PHONY: install kernels browser up test lint fmt typecheck bench bench-peers bench-llamacpp clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet "$(TORCH_PIN)"
@@ -25,7 +25,7 @@ install: $(STAMP)
 # Native CPU kernels (kernels/csrc), built once per machine and source version; without
 # a C++ compiler this reports it and the engine keeps its torch path.
 kernels: $(STAMP)
-	$(BIN)/python -c 'from kernels.cpu import main; raise SystemExit(main())'
+	$(BIN)/python -c 'from tide_fleet.kernels.cpu import main; raise SystemExit(main())'
 
 # Debian's chromium and chromedriver for the console's browser tests (tests/console), which
 # skip without them; apt-get needs root (CI runs as root; .ci/run calls this first).
@@ -80,7 +80,11 @@ fmt: $(STAMP)
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
+# mypy reads the four folders under their import names (tide_fleet.gateway, ...) through
+# links in build/typecheck (setup.py maps them the same way for the installed package).
 typecheck: $(STAMP)
+	mkdir -p build/typecheck/tide_fleet
+	for d in gateway worker kernels infra; do ln -sfn ../../../$$d build/typecheck/tide_fleet/$$d; done
 	$(BIN)/mypy
 
 test: $(STAMP) lint typecheck kernels

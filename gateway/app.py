@@ -15,18 +15,18 @@ import redis
 import redis.asyncio
 from fastapi import FastAPI
 
-from gateway.console import install_console
-from gateway.deps import GatewayState
-from gateway.errors import install_error_handlers
-from gateway.limits import BodySizeLimit
-from gateway.metrics import RequestMetrics
-from gateway.routes import batches, files, health, jobs, models, openai, tokenize
-from gateway.served import load_models
-from infra.batches.store import BatchStore
-from infra.jobs.files import FileStore
-from infra.jobs.storage import make_storage
-from infra.settings import Settings, get_settings
-from infra.wire.jobstore import JobStore
+from tide_fleet.gateway.console import install_console
+from tide_fleet.gateway.deps import GatewayState
+from tide_fleet.gateway.errors import install_error_handlers
+from tide_fleet.gateway.limits import BodySizeLimit
+from tide_fleet.gateway.metrics import RequestMetrics
+from tide_fleet.gateway.routes import batches, files, health, jobs, models, openai, tokenize
+from tide_fleet.gateway.served import load_models
+from tide_fleet.infra.batches.store import BatchStore
+from tide_fleet.infra.jobs.files import FileStore
+from tide_fleet.infra.jobs.storage import make_storage
+from tide_fleet.infra.settings import Settings, get_settings
+from tide_fleet.infra.wire.jobstore import JobStore
 
 log = logging.getLogger(__name__)
 

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import time
 
-from gateway.deps import GatewayState
-from gateway.errors import ApiError
-from gateway.served import served_catalog
-from infra.wire.heartbeats import read_heartbeats_async
-from infra.wire.jobstore import NewJob
+from tide_fleet.gateway.deps import GatewayState
+from tide_fleet.gateway.errors import ApiError
+from tide_fleet.gateway.served import served_catalog
+from tide_fleet.infra.wire.heartbeats import read_heartbeats_async
+from tide_fleet.infra.wire.jobstore import NewJob
 
 CACHE_SECONDS = 1.0
 RETRY_AFTER = "5"

@@ -11,15 +11,15 @@ import redis
 import redis.asyncio as aredis
 from fastapi import Depends, HTTPException, Request
 
-from infra.batches.store import BatchStore
-from infra.jobs.files import FileStore
-from infra.jobs.submission import ModelInfo
-from infra.settings import Settings
-from infra.wire import job_scripts
-from infra.wire.codec import decode_hash
-from infra.wire.jobstore import JobStore
-from infra.wire.models import ModelCatalog
-from infra.wire.protocol import Keys
+from tide_fleet.infra.batches.store import BatchStore
+from tide_fleet.infra.jobs.files import FileStore
+from tide_fleet.infra.jobs.submission import ModelInfo
+from tide_fleet.infra.settings import Settings
+from tide_fleet.infra.wire import job_scripts
+from tide_fleet.infra.wire.codec import decode_hash
+from tide_fleet.infra.wire.jobstore import JobStore
+from tide_fleet.infra.wire.models import ModelCatalog
+from tide_fleet.infra.wire.protocol import Keys
 
 
 @dataclass

@@ -16,7 +16,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from gateway.metrics import note_rejection
+from tide_fleet.gateway.metrics import note_rejection
 
 log = logging.getLogger(__name__)
 

@@ -8,10 +8,10 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from gateway.deps import GatewayState
-from infra.jobs.openai_format import record_choices
-from infra.wire.codec import decode_hash
-from infra.wire.protocol import JobStatus, Keys
+from tide_fleet.gateway.deps import GatewayState
+from tide_fleet.infra.jobs.openai_format import record_choices
+from tide_fleet.infra.wire.codec import decode_hash
+from tide_fleet.infra.wire.protocol import JobStatus, Keys
 
 MISSING = "missing"  # the job's record is gone
 RECHECK_SECONDS = 3.0  # records read while streams are busy, for jobs that end silently

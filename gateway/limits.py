@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.errors import ApiError, error_response
+from tide_fleet.gateway.errors import ApiError, error_response
 
 UPLOAD_ROUTES = {("POST", "/v1/files")}  # limited by file_max_bytes instead
 

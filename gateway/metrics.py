@@ -18,7 +18,7 @@ from prometheus_client.registry import Collector
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from infra.wire.backlog import BucketBacklog
+from tide_fleet.infra.wire.backlog import BucketBacklog
 
 # Why a request was refused: limits by the job store's reason, the rest by status.
 LIMIT_REASONS = {"rate": "rate_limit", "tenant_full": "tenant_queue_full",

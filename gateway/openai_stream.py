@@ -19,12 +19,12 @@ from typing import Any
 
 from sse_starlette.sse import EventSourceResponse
 
-from gateway.deps import GatewayState
-from gateway.events import many_job_events
-from infra.jobs.job_errors import unfinished_job
-from infra.jobs.openai_format import call_id, record_choices, usage_of
-from infra.jobs.openai_logprobs import chat_logprobs, completion_logprobs
-from infra.jobs.tools import ToolRender, ToolStream
+from tide_fleet.gateway.deps import GatewayState
+from tide_fleet.gateway.events import many_job_events
+from tide_fleet.infra.jobs.job_errors import unfinished_job
+from tide_fleet.infra.jobs.openai_format import call_id, record_choices, usage_of
+from tide_fleet.infra.jobs.openai_logprobs import chat_logprobs, completion_logprobs
+from tide_fleet.infra.jobs.tools import ToolRender, ToolStream
 
 
 @dataclass

@@ -13,8 +13,8 @@ from typing import Any
 import redis
 import redis.asyncio as aredis
 
-from gateway.deps import GatewayState
-from infra.wire.heartbeats import read_heartbeats_async
+from tide_fleet.gateway.deps import GatewayState
+from tide_fleet.infra.wire.heartbeats import read_heartbeats_async
 
 
 @dataclass

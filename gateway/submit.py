@@ -1,4 +1,4 @@
-"""The gateway's submit path: build the jobs (infra.jobs), write each in one script call.
+"""The gateway's submit path: build the jobs (tide_fleet.infra.jobs), write each in one script call.
 
 Every job of a request is built (tokenised, checked) before any is written, so a refused
 request enqueues nothing; a limit met part-way cancels the jobs already written.
@@ -12,16 +12,16 @@ from typing import Any
 
 import anyio
 
-from gateway.deps import GatewayState
-from gateway.errors import ApiError
-from gateway.metrics import LIMIT_REASONS, tag_rejection
-from gateway.served import pick
-from infra.jobs.schemas import JobCreate
-from infra.jobs.submission import ModelInfo, SubmissionError, build_job, limit_error
-from infra.jobs.webhooks import UnsafeWebhookTarget, check_target
-from infra.wire.jobstore import LimitExceeded, NewJob
-from infra.wire.models import ServedModel
-from infra.wire.protocol import Priority
+from tide_fleet.gateway.deps import GatewayState
+from tide_fleet.gateway.errors import ApiError
+from tide_fleet.gateway.metrics import LIMIT_REASONS, tag_rejection
+from tide_fleet.gateway.served import pick
+from tide_fleet.infra.jobs.schemas import JobCreate
+from tide_fleet.infra.jobs.submission import ModelInfo, SubmissionError, build_job, limit_error
+from tide_fleet.infra.jobs.webhooks import UnsafeWebhookTarget, check_target
+from tide_fleet.infra.wire.jobstore import LimitExceeded, NewJob
+from tide_fleet.infra.wire.models import ServedModel
+from tide_fleet.infra.wire.protocol import Priority
 
 # Below this many characters a request is prepared on the event loop: tokenising it takes
 # about as long as the hop to a thread and back (tens of microseconds).

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from infra.jsonl import iter_objects
+from tide_fleet.infra.jsonl import iter_objects
 
 JOB_TRACE_FIELDS = frozenset(
     {"arrival_s", "prompt_tokens", "max_tokens", "output_tokens", "model", "id"}

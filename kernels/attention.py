@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import torch
 
-from kernels import cpu as cpu_kernels
-from kernels import torch_attention
-from kernels.attention_metadata import AttentionMetadata, DecodeGroup
+from tide_fleet.kernels import cpu as cpu_kernels
+from tide_fleet.kernels import torch_attention
+from tide_fleet.kernels.attention_metadata import AttentionMetadata, DecodeGroup
 
 BACKENDS = ("auto", "torch", "cpp", "triton")
 _backend = "auto"
@@ -41,7 +41,7 @@ def set_attention_backend(name: str) -> None:
     if name not in BACKENDS:
         raise ValueError(f"attention backend must be one of {', '.join(BACKENDS)}, got {name!r}")
     if name == "triton":
-        import kernels.triton_attention  # noqa: F401 - fail now if Triton is missing
+        import tide_fleet.kernels.triton_attention  # noqa: F401 - fail now if Triton is missing
     if name == "cpp" and cpu_kernels.ops() is None:
         raise RuntimeError(
             "attention backend cpp: the native CPU kernels could not be built (see the log)"
@@ -87,7 +87,7 @@ def write_kv_cache(
     """Scatter the step's new K and V ([T, kv_heads, head_dim]) into their cache slots."""
     if _use_triton(key):
         # Here, not at the top: Triton is optional (a dev extra; CPU-only installs lack it).
-        from kernels import triton_attention
+        from tide_fleet.kernels import triton_attention
 
         triton_attention.write_kv_cache(key, value, k_cache, v_cache, slot_mapping)
         return
@@ -222,8 +222,8 @@ def _triton_attention(
     scale: float,
 ) -> torch.Tensor:
     # Here, not at the top: Triton is optional (a dev extra; CPU-only installs lack it).
-    from kernels import triton_attention as tk
-    from kernels import triton_prefill
+    from tide_fleet.kernels import triton_attention as tk
+    from tide_fleet.kernels import triton_prefill
 
     out = torch.empty_like(query)
     for g in meta.decode_groups:

@@ -12,7 +12,7 @@ per ``build_key``: everything the build reads or its ``build.ninja`` names (sour
 torch version and install path, Python headers, compiler, flags, this CPU). The source
 is copied into that folder and built from there, so checkouts sharing a venv share one
 build instead of rebuilding each other's; each venv or CPU gets a folder of its own.
-A build or load holds ``LOCK_NAME`` in its folder (``kernels.build_lock``), a lock the
+A build or load holds ``LOCK_NAME`` in its folder (``tide_fleet.kernels.build_lock``), a lock the
 OS drops when its holder dies, so a killed build never blocks the next one.
 """
 
@@ -29,10 +29,10 @@ from typing import Any
 
 import torch
 
-from kernels import build_lock
+from tide_fleet.kernels import build_lock
 
 try:
-    from infra.settings import get_settings
+    from tide_fleet.infra.settings import get_settings
 except ImportError:  # an engine-only install (scripts/gpu_check.py): no pydantic-settings
     HAS_SETTINGS = False
 else:
@@ -78,7 +78,9 @@ LOCK_NAME = "tide-build.lock"
 # rather than not at all.
 BUILD_WAIT_S = 120.0
 CPU_FIELDS = {"model name", "flags", "Features", "CPU implementer", "CPU part"}
-NO_SETTINGS = "Tide's settings (infra.settings: pydantic-settings) cannot be imported here"
+NO_SETTINGS = (
+    "Tide's settings (tide_fleet.infra.settings: pydantic-settings) cannot be imported here"
+)
 
 
 def cache_root() -> Path:

@@ -40,7 +40,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from kernels import cpu as cpu_kernels
+from tide_fleet.kernels import cpu as cpu_kernels
 
 # The row count oneDNN lays the packed weight out for. The packed matmul serves the rows
 # past the GEMV's (3+ without AMX); packed for 64 rows instead of 1, a decode-heavy run

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kernels.attention_metadata import DecodeGroup, PrefillChunk
+from tide_fleet.kernels.attention_metadata import DecodeGroup, PrefillChunk
 
 
 def write_kv_cache(

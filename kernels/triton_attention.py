@@ -25,7 +25,7 @@ context length. A step uses at most ``MAX_PARTITIONS`` partitions of ``PARTITION
 tokens; longer contexts get longer partitions (a runtime argument), and the reduction
 loops over a runtime partition count. Arguments that vary with the step are listed in
 ``do_not_specialize`` so not even their divisibility by 16 picks a variant. Launches go
-through ``kernels.launch`` (device checks; the record a test counts variants with).
+through ``tide_fleet.kernels.launch`` (device checks; the record a test counts variants with).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.launch import launch
+from tide_fleet.kernels.launch import launch
 
 PARTITION_SIZE = 512  # context tokens per decode program before the reduction pass (at least)
 MAX_PARTITIONS = 16  # decode programs per (sequence, KV head); past 8k tokens partitions grow

@@ -1,6 +1,6 @@
 """Varlen prefill attention for the CUDA path: every prefill chunk of a step in one launch.
 
-The per-chunk kernel in ``kernels.triton_attention`` launches once per chunk with one
+The per-chunk kernel in ``tide_fleet.kernels.triton_attention`` launches once per chunk with one
 program per query head, so each K/V tile is read once per head of a GQA group. Here one
 program handles one (chunk, query tile, KV head): its Q tile is ``BLOCK_M`` tokens times
 the group's query heads, flattened to rows (token-major), so each K/V tile is read once
@@ -27,9 +27,9 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.attention_metadata import PrefillBatch
-from kernels.launch import launch
-from kernels.triton_attention import INTERPRETED
+from tide_fleet.kernels.attention_metadata import PrefillBatch
+from tide_fleet.kernels.launch import launch
+from tide_fleet.kernels.triton_attention import INTERPRETED
 
 LOG2E = 1.4426950408889634  # exp(x) = exp2(x * log2(e)): the scale is folded into log2 units
 

@@ -23,12 +23,11 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
-from infra.cli.batch import run_fleet  # noqa: E402
-from infra.cli.batch_offline import run_offline  # noqa: E402
-from infra.fleet.local_fleet import wait_ready  # noqa: E402
-from infra.fleet.redis_server import free_port  # noqa: E402
+from tide_fleet.infra.cli.batch import run_fleet  # noqa: E402
+from tide_fleet.infra.cli.batch_offline import run_offline  # noqa: E402
+from tide_fleet.infra.fleet.local_fleet import wait_ready  # noqa: E402
+from tide_fleet.infra.fleet.redis_server import free_port  # noqa: E402
 
 STORIES = ROOT.parent / "shared/models/stories260K"
 PROMPTS = ["Once upon a time", "Lily wanted to", "The little dog", "One day, a big bear", "Tom had"]
@@ -83,7 +82,16 @@ def main() -> None:
     env.pop("REDIS_URL", None)
     if args.worker_threads:
         env["OMP_NUM_THREADS"] = str(args.worker_threads)
-    argv = [sys.executable, "-m", "infra.cli", "up", "--workers", "1", "--port", str(port)]
+    argv = [
+        sys.executable,
+        "-m",
+        "tide_fleet.infra.cli",
+        "up",
+        "--workers",
+        "1",
+        "--port",
+        str(port),
+    ]
     up = subprocess.Popen(
         [*argv, "--model", args.model],
         env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

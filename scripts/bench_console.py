@@ -38,20 +38,19 @@ import httpx
 import redis
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
-from infra.batches.store import BatchStore  # noqa: E402
-from infra.bench.open_loop import post_open_loop  # noqa: E402
-from infra.fleet.local_fleet import wait_ready  # noqa: E402
-from infra.fleet.redis_server import EmbeddedRedis, free_port  # noqa: E402
-from infra.jobs.schemas import JobCreate  # noqa: E402
-from infra.jobs.submission import ModelInfo, build_job  # noqa: E402
-from infra.settings import Settings  # noqa: E402
-from infra.stats import percentile  # noqa: E402
-from infra.wire import fleet_status  # noqa: E402
-from infra.wire.heartbeats import Heartbeat  # noqa: E402
-from infra.wire.jobstore import JobStore  # noqa: E402
-from infra.wire.protocol import Keys  # noqa: E402
+from tide_fleet.infra.batches.store import BatchStore  # noqa: E402
+from tide_fleet.infra.bench.open_loop import post_open_loop  # noqa: E402
+from tide_fleet.infra.fleet.local_fleet import wait_ready  # noqa: E402
+from tide_fleet.infra.fleet.redis_server import EmbeddedRedis, free_port  # noqa: E402
+from tide_fleet.infra.jobs.schemas import JobCreate  # noqa: E402
+from tide_fleet.infra.jobs.submission import ModelInfo, build_job  # noqa: E402
+from tide_fleet.infra.settings import Settings  # noqa: E402
+from tide_fleet.infra.stats import percentile  # noqa: E402
+from tide_fleet.infra.wire import fleet_status  # noqa: E402
+from tide_fleet.infra.wire.heartbeats import Heartbeat  # noqa: E402
+from tide_fleet.infra.wire.jobstore import JobStore  # noqa: E402
+from tide_fleet.infra.wire.protocol import Keys  # noqa: E402
 
 TENANT_KEY, OPERATOR_KEY = "bench-key", "op-key"
 
@@ -254,7 +253,7 @@ def main() -> None:
     parser.add_argument("--pages", type=int, default=1, help="console tabs of each kind open")
     parser.add_argument("--rounds", type=int, default=3, help="load runs of each kind")
     args = parser.parse_args()
-    from worker.models.resolve import resolve_model_path
+    from tide_fleet.worker.models.resolve import resolve_model_path
 
     model = str(resolve_model_path("dummy:tiny"))
     tmp = Path(tempfile.mkdtemp(prefix="tide-bench-console-"))
@@ -269,7 +268,7 @@ def main() -> None:
         "TIDE_BUCKET_MEDIUM_MAX": "256", "TIDE_MAX_QUEUED_PER_TENANT": "10000000",
         "TIDE_MAX_REQUESTS_PER_SECOND_PER_TENANT": "10000000",
     }  # fmt: skip
-    gateway = [sys.executable, "-m", "uvicorn", "gateway.app:app", "--port", str(port),
+    gateway = [sys.executable, "-m", "uvicorn", "tide_fleet.gateway.app:app", "--port", str(port),
                "--log-level", "warning", "--no-access-log"]  # fmt: skip
     proc = subprocess.Popen(gateway, env=env, cwd=ROOT)
     results: dict = {"jobs": args.jobs}

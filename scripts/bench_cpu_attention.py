@@ -26,17 +26,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from kernels import cpu as cpu_kernels
-from kernels import torch_attention
-from kernels.attention_metadata import PrefillChunk
+from tide_fleet.kernels import cpu as cpu_kernels
+from tide_fleet.kernels import torch_attention
+from tide_fleet.kernels.attention_metadata import PrefillChunk
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 16, 4, 64, 16
 

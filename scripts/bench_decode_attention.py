@@ -20,19 +20,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
-from pathlib import Path
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 from bench_cpu_attention import alternate  # best of each, median old/new over pairs
 
-from kernels import cpu as cpu_kernels
-from kernels import torch_attention
-from kernels.attention_metadata import DecodeGroup
+from tide_fleet.kernels import cpu as cpu_kernels
+from tide_fleet.kernels import torch_attention
+from tide_fleet.kernels.attention_metadata import DecodeGroup
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK, LAYERS, ROWS, POOL = 16, 4, 64, 16, 9, 64, 4096
 

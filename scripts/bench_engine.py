@@ -22,7 +22,6 @@ import math
 import os
 import random
 import statistics
-import sys
 import time
 from pathlib import Path
 
@@ -30,11 +29,9 @@ os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")  # as `tide` does, before tor
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from worker.engine import LLMEngine, SamplingParams
-from worker.models.config import ModelConfig
-from worker.models.resolve import resolve_model_path
+from tide_fleet.worker.engine import LLMEngine, SamplingParams
+from tide_fleet.worker.models.config import ModelConfig
+from tide_fleet.worker.models.resolve import resolve_model_path
 
 
 def workload(n: int, seed: int, max_len: int) -> list[tuple[list[int], int]]:

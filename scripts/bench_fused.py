@@ -14,15 +14,12 @@ import argparse
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from kernels import cpu as cpu_kernels
-from worker.models.rope import apply_rotary
+from tide_fleet.kernels import cpu as cpu_kernels
+from tide_fleet.worker.models.rope import apply_rotary
 
 
 def micros(fn, repeats: int) -> float:

@@ -31,14 +31,13 @@ import httpx
 import redis
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
-from infra.bench.open_loop import post_open_loop  # noqa: E402
-from infra.fleet.fleet_config import split_model_spec  # noqa: E402
-from infra.fleet.local_fleet import wait_ready  # noqa: E402
-from infra.fleet.redis_server import EmbeddedRedis, free_port  # noqa: E402
-from infra.stats import percentile  # noqa: E402
-from worker.models.resolve import resolve_model_path  # noqa: E402
+from tide_fleet.infra.bench.open_loop import post_open_loop  # noqa: E402
+from tide_fleet.infra.fleet.fleet_config import split_model_spec  # noqa: E402
+from tide_fleet.infra.fleet.local_fleet import wait_ready  # noqa: E402
+from tide_fleet.infra.fleet.redis_server import EmbeddedRedis, free_port  # noqa: E402
+from tide_fleet.infra.stats import percentile  # noqa: E402
+from tide_fleet.worker.models.resolve import resolve_model_path  # noqa: E402
 
 STORIES = ROOT.parent / "shared/models/stories260K"
 
@@ -121,7 +120,7 @@ def main() -> None:
     for _, path in named:
         if path.startswith("dummy:"):
             resolve_model_path(path)
-    gateway = [sys.executable, "-m", "uvicorn", "gateway.app:app", "--port", str(port),
+    gateway = [sys.executable, "-m", "uvicorn", "tide_fleet.gateway.app:app", "--port", str(port),
                "--log-level", "warning", "--no-access-log"]  # fmt: skip
     procs = [subprocess.Popen(gateway, env=env, cwd=ROOT)]
     results: dict = {"models": [n for n, _ in named]}
@@ -141,7 +140,7 @@ def main() -> None:
         )
         r = redis.Redis.from_url(server.url)
         r.flushdb()
-        worker = [sys.executable, "-m", "infra.cli", "worker", "--max-num-seqs", "8"]
+        worker = [sys.executable, "-m", "tide_fleet.infra.cli", "worker", "--max-num-seqs", "8"]
         procs.append(subprocess.Popen(worker, env=env, cwd=ROOT))
         while not r.zcard("tide:workers"):
             time.sleep(0.1)

@@ -22,18 +22,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
-from pathlib import Path
 
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")  # as `tide` does, before torch loads
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from kernels import cpu as cpu_kernels
-from kernels.linear import PACK_BATCH_HINT, packed_rows
+from tide_fleet.kernels import cpu as cpu_kernels
+from tide_fleet.kernels.linear import PACK_BATCH_HINT, packed_rows
 
 # dummy:bench's fused projections (out, in).
 SHAPES = {"qkv": (1536, 1024), "o": (1024, 1024), "gate_up": (5632, 1024), "down": (1024, 2816)}

@@ -16,20 +16,15 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import time
-from pathlib import Path
 
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")  # as `tide` does, before torch loads
 
 import torch
 import torch.nn.functional as F
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from bench_engine import read_bandwidth  # this folder is on sys.path when run as a script
 
-from kernels import cpu as cpu_kernels
+from tide_fleet.kernels import cpu as cpu_kernels
 
 # dummy:bench's fused projections (out, in): qkv, o, gate_up, down.
 LAYER = [(1536, 1024), (1024, 1024), (5632, 1024), (1024, 2816)]

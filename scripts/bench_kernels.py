@@ -13,15 +13,9 @@ Target: >= 70% of peak HBM bandwidth on H100/H200. One JSON line; under a minute
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling gpu_decode
-
 from gpu_decode import device_time
 
 
@@ -51,7 +45,7 @@ def peak_for(name: str) -> float | None:
 def main() -> None:
     if not torch.cuda.is_available():
         raise SystemExit("bench_kernels.py needs a CUDA device")
-    from kernels.triton_attention import decode_attention
+    from tide_fleet.kernels.triton_attention import decode_attention
 
     batch, context, heads, kv_heads, head_dim, block = 64, 4096, 32, 8, 128, 16
     dev, dtype = torch.device("cuda"), torch.bfloat16

@@ -19,22 +19,18 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import time
-from pathlib import Path
 
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")  # as `tide` does, before torch loads
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from kernels import cpu as cpu_kernels
-from kernels import linear
-from kernels.linear import Linear
-from worker.engine.host_memory import keep_step_buffers
-from worker.models.config import ModelConfig
-from worker.models.resolve import resolve_model_path
+from tide_fleet.kernels import cpu as cpu_kernels
+from tide_fleet.kernels import linear
+from tide_fleet.kernels.linear import Linear
+from tide_fleet.worker.engine.host_memory import keep_step_buffers
+from tide_fleet.worker.models.config import ModelConfig
+from tide_fleet.worker.models.resolve import resolve_model_path
 
 
 def timed_pass(layers: list[Linear], x: torch.Tensor, split: int) -> float:

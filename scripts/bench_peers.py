@@ -35,15 +35,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PEERS_PYTHON = ROOT / ".venv-peers" / "bin" / "python"
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "scripts"))
 
 import torch  # noqa: E402
 from bench_engine import workload as mixed_workload  # noqa: E402
 
-from worker.models.config import ModelConfig  # noqa: E402
-from worker.models.loader import native_dtype  # noqa: E402
-from worker.models.resolve import resolve_model_path  # noqa: E402
+from tide_fleet.worker.models.config import ModelConfig  # noqa: E402
+from tide_fleet.worker.models.loader import native_dtype  # noqa: E402
+from tide_fleet.worker.models.resolve import resolve_model_path  # noqa: E402
 
 
 def make_workload(name: str, seed: int, max_len: int) -> list[tuple[list[int], int]]:

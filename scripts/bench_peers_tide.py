@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import sys
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -27,12 +26,10 @@ os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")  # as `tide` does, before tor
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from infra.bench.peer_args import peer_parser
-from infra.plan.roofline import DevicePeaks, ModelCost, run_roofline_seconds
-from infra.stats import percentile
-from worker.engine import LLMEngine, SamplingParams
+from tide_fleet.infra.bench.peer_args import peer_parser
+from tide_fleet.infra.plan.roofline import DevicePeaks, ModelCost, run_roofline_seconds
+from tide_fleet.infra.stats import percentile
+from tide_fleet.worker.engine import LLMEngine, SamplingParams
 
 # tide::gemv_bf16, tide::gemm_bf16 and tide::gate_up_silu_bf16 (gate|up with its SiLU * up
 # in the epilogue) count as matmuls, tide::decode_shared_prefix as

@@ -6,7 +6,7 @@
 
 "old" is the previous sampler's choice step, kept only here: a full-vocabulary sort of
 every random row, then one torch.multinomial and one .item() (a host sync) per row, with
-one torch.Generator per seeded request. "new" is worker.engine.sampler.Sampler. Both get
+one torch.Generator per seeded request. "new" is tide_fleet.worker.engine.sampler.Sampler. Both get
 the same logits and the same requests; the last line is one JSON object with the ratios.
 """
 
@@ -17,16 +17,13 @@ import json
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from kernels.sampling import top_k_top_p_mask
-from worker.engine.request import Request
-from worker.engine.sampler import Sampler
-from worker.engine.sampling_params import SamplingParams
+from tide_fleet.kernels.sampling import top_k_top_p_mask
+from tide_fleet.worker.engine.request import Request
+from tide_fleet.worker.engine.sampler import Sampler
+from tide_fleet.worker.engine.sampling_params import SamplingParams
 
 
 class OldChoose:

@@ -29,7 +29,6 @@ import random
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -41,13 +40,11 @@ ROOT = Path(__file__).resolve().parents[1]
 PEERS_PYTHON = ROOT / ".venv-peers" / "bin" / "python"
 LLAMA_SERVER = ROOT / ".venv-peers" / "bin" / "llama-server"  # make bench-llamacpp
 TIDE = ROOT / ".venv" / "bin" / "tide"
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "scripts"))
 
 from bench_engine import workload as mixed_workload  # noqa: E402
 
-from infra.fleet.redis_server import free_port  # noqa: E402
-from worker.models.resolve import resolve_model_path  # noqa: E402
+from tide_fleet.infra.fleet.redis_server import free_port  # noqa: E402
+from tide_fleet.worker.models.resolve import resolve_model_path  # noqa: E402
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"

@@ -35,22 +35,18 @@ import argparse
 import json
 import os
 import random
-import sys
 import time
-from pathlib import Path
 
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")  # as `tide` does, before torch loads
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from worker.engine import EngineConfig, LLMEngine, SamplingParams
-from worker.engine.grammar import GrammarMatchers
-from worker.engine.structured import StructuredOutput, validate
-from worker.models.loader import load_model
-from worker.models.resolve import resolve_model_path
-from worker.models.tokenizer import Tokenizer
+from tide_fleet.worker.engine import EngineConfig, LLMEngine, SamplingParams
+from tide_fleet.worker.engine.grammar import GrammarMatchers
+from tide_fleet.worker.engine.structured import StructuredOutput, validate
+from tide_fleet.worker.models.loader import load_model
+from tide_fleet.worker.models.resolve import resolve_model_path
+from tide_fleet.worker.models.tokenizer import Tokenizer
 
 ADDRESS = {
     "type": "object",

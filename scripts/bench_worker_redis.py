@@ -24,7 +24,6 @@ import json
 import multiprocessing
 import socket
 import statistics
-import sys
 import tempfile
 import threading
 import time
@@ -33,19 +32,18 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 import redis  # noqa: E402
 
-from infra.fleet.redis_server import EmbeddedRedis, free_port  # noqa: E402
-from infra.jobs.schemas import JobCreate  # noqa: E402
-from infra.jobs.submission import ModelInfo, build_job  # noqa: E402
-from infra.settings import Settings  # noqa: E402
-from infra.wire.jobstore import JobStore  # noqa: E402
-from infra.wire.protocol import Keys  # noqa: E402
-from worker.engine import LLMEngine  # noqa: E402
-from worker.models.resolve import resolve_model_path  # noqa: E402
-from worker.service import WorkerService  # noqa: E402
+from tide_fleet.infra.fleet.redis_server import EmbeddedRedis, free_port  # noqa: E402
+from tide_fleet.infra.jobs.schemas import JobCreate  # noqa: E402
+from tide_fleet.infra.jobs.submission import ModelInfo, build_job  # noqa: E402
+from tide_fleet.infra.settings import Settings  # noqa: E402
+from tide_fleet.infra.wire.jobstore import JobStore  # noqa: E402
+from tide_fleet.infra.wire.protocol import Keys  # noqa: E402
+from tide_fleet.worker.engine import LLMEngine  # noqa: E402
+from tide_fleet.worker.models.resolve import resolve_model_path  # noqa: E402
+from tide_fleet.worker.service import WorkerService  # noqa: E402
 
 PROMPTS = ["once upon a time", "the little dog ran", "lily wanted to", "one day a boy",
            "the sun was", "tom and his mom"]  # fmt: skip

@@ -38,10 +38,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, uninstalled
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # its siblings gpu_decode, gpu_greedy
-
 from gpu_decode import copy_bandwidth, decode_steps, device_time, section, sync, timed
 from gpu_greedy import greedy_match, logits_gap, stories_references
 
@@ -62,9 +58,9 @@ SMOKE = dict(batches=(1, 4), contexts=(32, 80), prefills=(64, 128), reps=2)
 
 def build_random_model(shape: dict[str, Any], device: torch.device, dtype: torch.dtype):  # type: ignore[no-untyped-def]
     """A LlamaModel of this shape with N(0, 0.02) weights made on the device (empty on meta)."""
-    from kernels.linear import Linear
-    from worker.models.config import ModelConfig
-    from worker.models.llama import LayerWeights, LlamaModel
+    from tide_fleet.kernels.linear import Linear
+    from tide_fleet.worker.models.config import ModelConfig
+    from tide_fleet.worker.models.llama import LayerWeights, LlamaModel
 
     cfg = ModelConfig(architecture="LlamaForCausalLM", eos_token_ids=[2], **shape)
     gen = None if device.type == "meta" else torch.Generator(device=device).manual_seed(0)
@@ -94,8 +90,8 @@ def build_random_model(shape: dict[str, Any], device: torch.device, dtype: torch
 
 
 def startup(model, device: torch.device) -> dict[str, Any]:  # type: ignore[no-untyped-def]
-    from worker.engine.config import EngineConfig
-    from worker.engine.llm_engine import LLMEngine
+    from tide_fleet.worker.engine.config import EngineConfig
+    from tide_fleet.worker.engine.llm_engine import LLMEngine
 
     start = time.perf_counter()
     engine = LLMEngine(model, None, EngineConfig())
@@ -112,9 +108,9 @@ def startup(model, device: torch.device) -> dict[str, Any]:  # type: ignore[no-u
 
 
 def sampler_cost(vocab: int, device: torch.device, reps: int) -> dict[str, Any]:
-    from worker.engine.request import Request
-    from worker.engine.sampler import Sampler
-    from worker.engine.sampling_params import SamplingParams
+    from tide_fleet.worker.engine.request import Request
+    from tide_fleet.worker.engine.sampler import Sampler
+    from tide_fleet.worker.engine.sampling_params import SamplingParams
 
     sampler, out = Sampler(device, seed=0), {}
     logits = torch.randn(64, vocab, device=device)
@@ -128,7 +124,7 @@ def sampler_cost(vocab: int, device: torch.device, reps: int) -> dict[str, Any]:
 
 
 def attention_bandwidth(device: torch.device, smoke: bool, copy_gb_s: float) -> dict[str, Any]:
-    from kernels import triton_attention as tk
+    from tide_fleet.kernels import triton_attention as tk
 
     n, context, kvh, heads, hd, bs = (4, 256, 2, 8, 16, 16) if smoke else (64, 4096, 8, 32, 128, 16)
     width = context // bs

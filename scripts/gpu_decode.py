@@ -50,8 +50,8 @@ def section(out: dict[str, Any], name: str, fn) -> None:  # type: ignore[no-unty
 
 def compiled_variants() -> int | None:
     """Compiled Triton decode-kernel variants so far (None under the interpreter)."""
-    from kernels import triton_attention as tk
-    from kernels import triton_prefill as tp
+    from tide_fleet.kernels import triton_attention as tk
+    from tide_fleet.kernels import triton_prefill as tp
 
     total = 0
     for fn in (tk._decode_kernel, tk._reduce_kernel, tp._varlen_prefill_kernel):
@@ -63,7 +63,7 @@ def compiled_variants() -> int | None:
 
 
 def _decode_sched(batch: int, context: int, bs: int):  # type: ignore[no-untyped-def]
-    from worker.engine.scheduler import ScheduledRequest, SchedulerOutput
+    from tide_fleet.worker.engine.scheduler import ScheduledRequest, SchedulerOutput
 
     width = -(-context // bs)
     return SchedulerOutput([
@@ -111,7 +111,7 @@ def device_busy(runner, sched, device: torch.device) -> dict[str, Any]:  # type:
 
 
 def _prefill_tok_s(runner, n: int, bs: int, device: torch.device) -> int:  # type: ignore[no-untyped-def]
-    from worker.engine.scheduler import ScheduledRequest, SchedulerOutput
+    from tide_fleet.worker.engine.scheduler import ScheduledRequest, SchedulerOutput
 
     blocks = list(range(-(-n // bs)))
     sched = SchedulerOutput([ScheduledRequest("p", [1] * n, 0, blocks, True)])
@@ -123,8 +123,8 @@ def _prefill_tok_s(runner, n: int, bs: int, device: torch.device) -> int:  # typ
 def decode_steps(model, device: torch.device, plan: dict[str, Any], copy_gb_s: float | None):  # type: ignore[no-untyped-def]
     """Decode steps with CUDA graphs (eager padded steps on CPU) and without, one runner at
     a time (each holds its own KV pool); prefill tokens/s on the first."""
-    from worker.engine.config import EngineConfig
-    from worker.engine.model_runner import ModelRunner, model_weight_bytes
+    from tide_fleet.worker.engine.config import EngineConfig
+    from tide_fleet.worker.engine.model_runner import ModelRunner, model_weight_bytes
 
     bs, max_b, max_c = 16, max(plan["batches"]), max(plan["contexts"])
     graphs = "auto" if device.type == "cuda" else "eager"

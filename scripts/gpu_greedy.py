@@ -14,10 +14,10 @@ import torch
 def greedy_match(model, smoke: bool) -> dict[str, Any]:  # type: ignore[no-untyped-def]
     """The same greedy workload on both backends: a shared prefix (hits), a small pool
     (preemptions)."""
-    from kernels import set_attention_backend
-    from worker.engine import SamplingParams
-    from worker.engine.config import EngineConfig
-    from worker.engine.llm_engine import LLMEngine
+    from tide_fleet.kernels import set_attention_backend
+    from tide_fleet.worker.engine import SamplingParams
+    from tide_fleet.worker.engine.config import EngineConfig
+    from tide_fleet.worker.engine.llm_engine import LLMEngine
 
     prefix = [(7 * i) % 200 + 3 for i in range(48 if smoke else 256)]
     prompts = [prefix + [5 + i] * (4 + i) for i in range(4)]
@@ -64,10 +64,10 @@ def logits_gap(model, smoke: bool) -> dict[str, Any]:  # type: ignore[no-untyped
     """One greedy request on each backend, eager, every step's logits kept: the largest logit
     difference up to where the tokens first differ, against the torch run's top-2 margin
     there (a margin under the difference is a near-tie that rounding decides, not a fault)."""
-    from kernels import set_attention_backend
-    from worker.engine import SamplingParams
-    from worker.engine.config import EngineConfig
-    from worker.engine.llm_engine import LLMEngine
+    from tide_fleet.kernels import set_attention_backend
+    from tide_fleet.worker.engine import SamplingParams
+    from tide_fleet.worker.engine.config import EngineConfig
+    from tide_fleet.worker.engine.llm_engine import LLMEngine
 
     prompt = [(7 * i) % 200 + 3 for i in range(64 if smoke else 512)]
     params = SamplingParams(max_tokens=8 if smoke else 32, temperature=0.0, ignore_eos=True)
@@ -106,7 +106,7 @@ def stories_references(folder: Path, device: torch.device) -> dict[str, Any]:
     """The engine on this device (float32, greedy, default settings: on CUDA the torch
     attention, as head_dim 8 is too small for Triton) against the llama2.c references
     shipped with stories260K, token for token and text for text."""
-    from worker.engine import LLMEngine, SamplingParams
+    from tide_fleet.worker.engine import LLMEngine, SamplingParams
 
     refs = json.loads((folder / "reference_outputs.json").read_text())["references"]
     engine = LLMEngine.from_pretrained(str(folder), dtype="float32", device=device.type)

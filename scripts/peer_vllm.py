@@ -17,14 +17,11 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import sys
 import time
-from pathlib import Path
 
 # Only standard-library modules from Tide: this runs in the peers' virtualenv.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from infra.bench.peer_args import peer_parser
-from infra.stats import percentile
+from tide_fleet.infra.bench.peer_args import peer_parser
+from tide_fleet.infra.stats import percentile
 
 
 def ttft_of(out: object) -> float | None:

@@ -10,13 +10,10 @@ weights that Tide's engine runs.
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from worker.models.config import ModelConfig
-from worker.models.dummy import DEFAULT_SEED, PRESETS, save_dummy
+from tide_fleet.worker.models.config import ModelConfig
+from tide_fleet.worker.models.dummy import DEFAULT_SEED, PRESETS, save_dummy
 
 
 def main() -> None:

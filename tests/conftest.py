@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from infra.fleet.redis_server import EmbeddedRedis
+from tide_fleet.infra.fleet.redis_server import EmbeddedRedis
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -36,7 +36,7 @@ STORIES = _find_stories()
 @pytest.fixture(scope="session", autouse=True)
 def _dummy_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
     os.environ["TIDE_CACHE_DIR"] = str(tmp_path_factory.mktemp("tide-cache"))
-    from infra.settings import get_settings
+    from tide_fleet.infra.settings import get_settings
 
     get_settings.cache_clear()  # read once already while tests were collected
 
@@ -55,13 +55,13 @@ def stories_refs(stories_path: Path) -> list[dict]:
 
 @pytest.fixture(scope="session")
 def tiny_path(_dummy_cache: None) -> Path:
-    from worker.models.resolve import resolve_model_path
+    from tide_fleet.worker.models.resolve import resolve_model_path
 
     return resolve_model_path("dummy:tiny")
 
 
 def make_engine(path: Path | str, dtype: str = "float32", **config):
-    from worker.engine import LLMEngine
+    from tide_fleet.worker.engine import LLMEngine
 
     return LLMEngine.from_pretrained(str(path), dtype=dtype, device="cpu", **config)
 
@@ -115,7 +115,7 @@ def moto_url() -> Iterator[str]:
 
     import httpx
 
-    from infra.fleet.redis_server import free_port
+    from tide_fleet.infra.fleet.redis_server import free_port
 
     exe = shutil.which("moto_server") or os.path.join(
         os.path.dirname(sys.executable), "moto_server"

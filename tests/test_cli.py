@@ -12,7 +12,7 @@ from tests.conftest import ROOT
 
 def tide(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "infra.cli", *args],
+        [sys.executable, "-m", "tide_fleet.infra.cli", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,

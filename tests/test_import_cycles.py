@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import grimp
 
-PACKAGES = ("gateway", "worker", "kernels", "infra")
+FOLDERS = ("gateway", "worker", "kernels", "infra")
+PACKAGES = tuple(f"tide_fleet.{folder}" for folder in FOLDERS)
 
 
 def test_no_module_imports_itself_back():
@@ -40,12 +41,12 @@ def test_no_module_takes_another_modules_private_names():
 
     root = Path(__file__).resolve().parents[1]
     found = []
-    for package in PACKAGES:
-        for path in sorted((root / package).rglob("*.py")):
+    for folder in FOLDERS:
+        for path in sorted((root / folder).rglob("*.py")):
             tree = ast.parse(path.read_text(), str(path))
             for node in ast.walk(tree):
                 if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                    if node.module.split(".")[0] not in PACKAGES:
+                    if ".".join(node.module.split(".")[:2]) not in PACKAGES:
                         continue
                     private = [a.name for a in node.names if a.name.startswith("_")]
                     if private:

@@ -21,9 +21,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from infra.wire.protocol import Priority as WirePriority
-from worker.engine import LLMEngine, Priority, SamplingParams
-from worker.held import Choice, Held, HeldJob
+from tide_fleet.infra.wire.protocol import Priority as WirePriority
+from tide_fleet.worker.engine import LLMEngine, Priority, SamplingParams
+from tide_fleet.worker.held import Choice, Held, HeldJob
 
 SEED_RANGE = 2**63  # SamplingParams' seeds; seed + i wraps around inside it
 NORMAL_END = ("stop", "length")

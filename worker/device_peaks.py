@@ -8,9 +8,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from infra.plan.devices import get_device, guess_device
-from infra.plan.roofline import DevicePeaks
-from infra.settings import Settings
+from tide_fleet.infra.plan.devices import get_device, guess_device
+from tide_fleet.infra.plan.roofline import DevicePeaks
+from tide_fleet.infra.settings import Settings
 
 
 @functools.cache

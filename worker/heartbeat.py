@@ -14,9 +14,9 @@ from typing import Any
 
 import redis
 
-from infra.settings import Settings
-from infra.wire.heartbeats import Heartbeat
-from infra.wire.protocol import Keys
+from tide_fleet.infra.settings import Settings
+from tide_fleet.infra.wire.heartbeats import Heartbeat
+from tide_fleet.infra.wire.protocol import Keys
 
 
 class HeartbeatWriter:

@@ -13,8 +13,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from infra.wire import queues
-from infra.wire.protocol import JobStatus
+from tide_fleet.infra.wire import queues
+from tide_fleet.infra.wire.protocol import JobStatus
 
 
 @dataclass
@@ -57,10 +57,10 @@ class HeldJob:
     started: bool = False  # the engine has computed some of it (marked in Redis once)
     work: int = 0  # prompt + n x max tokens: what its choices may compute
     created_at: float = 0.0  # the job record's (queue time counts from it)
-    cold_start_s: float | None = None  # the worker start it waited through (worker.boot)
+    cold_start_s: float | None = None  # the worker start it waited through (tide_fleet.worker.boot)
     logprobs: bool = False  # sampling.logprobs was set: entries per token are written
-    ended: bool = False  # its terminal result is recorded (worker.results)
-    group: str | None = None  # fair-share group in the engine (worker.choices.JobSpec)
+    ended: bool = False  # its terminal result is recorded (tide_fleet.worker.results)
+    group: str | None = None  # fair-share group in the engine (tide_fleet.worker.choices.JobSpec)
     choices: list[Choice] = field(default_factory=list)
 
     @property

@@ -1,6 +1,6 @@
 """Taking messages from the queues: consume order, batch aging, wake-ups, one prefetched.
 
-Messages are taken several per round trip (``infra.wire.queues.Taker``: kombu's Redis
+Messages are taken several per round trip (``tide_fleet.infra.wire.queues.Taker``: kombu's Redis
 format without kombu's per-call cost), never more than the free slots. Interactive queues
 come before batch ones, but batch work ages: after BATCH_EVERY interactive takes in a
 row, batch queues go first once. After a poll finds every queue empty, the next poll
@@ -17,10 +17,10 @@ import time
 
 import redis
 
-from infra.wire import queues
-from infra.wire.protocol import JobMessage, Keys
+from tide_fleet.infra.wire import queues
+from tide_fleet.infra.wire.protocol import JobMessage, Keys
 
-log = logging.getLogger("worker.service")
+log = logging.getLogger("tide_fleet.worker.service")
 
 BATCH_EVERY = 8  # at most this many interactive jobs taken in a row while batch work waits
 EMPTY_RECHECK_SECONDS = 0.25

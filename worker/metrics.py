@@ -19,13 +19,13 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 from prometheus_client.exposition import start_http_server
 
-from infra.plan.roofline import DevicePeaks, ModelCost, utilisation
-from infra.settings import Settings
-from worker.device_peaks import device_peaks
-from worker.engine.outputs import RequestOutput, StepStats
+from tide_fleet.infra.plan.roofline import DevicePeaks, ModelCost, utilisation
+from tide_fleet.infra.settings import Settings
+from tide_fleet.worker.device_peaks import device_peaks
+from tide_fleet.worker.engine.outputs import RequestOutput, StepStats
 
 if TYPE_CHECKING:  # annotations only: importing the engine loads torch, which this need not
-    from worker.engine.llm_engine import LLMEngine
+    from tide_fleet.worker.engine.llm_engine import LLMEngine
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ import random
 import time
 from collections.abc import Callable
 
-log = logging.getLogger("worker.service")
+log = logging.getLogger("tide_fleet.worker.service")
 
 BACKOFF_FIRST_S = 0.1
 BACKOFF_MAX_S = 5.0

@@ -6,14 +6,14 @@ pipeline, in that order, with the queue acks last: a message is acked only after
 result is durable (or moot). A job's webhook is scheduled in the same pipeline as its
 result, and only if that result won (``SCHEDULE_IF_FINISHED`` in
 ``infra/jobs/webhook_store.py``). A flush writes a batch taken out whole (``take``), on
-the writer's thread (``worker.writer``) while recording goes on here; a batch that
+the writer's thread (``tide_fleet.worker.writer``) while recording goes on here; a batch that
 failed is put back in front of what was recorded since (``restore``), so the next flush
 writes both in the order they were recorded. While Redis is away, recording goes on and
 nothing is written; when it is back, one flush writes everything the outage held up. A
 repeated write is harmless: a finish from a holder that lost its lease is dropped by the
 job store, a start mark is set once, and a webhook already scheduled is left as it is.
 
-Outputs are per choice (``worker.held``); a job's result is recorded once, when its last
+Outputs are per choice (``tide_fleet.worker.held``); a job's result is recorded once, when its last
 choice ends. A delta names its choice (``i``) and, when the job asked for logprobs,
 carries their entries for its tokens (``lp``, JSON).
 """
@@ -26,14 +26,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from infra.jobs.webhooks import event_id
-from infra.wire import queues
-from infra.wire.codec import encode_value
-from infra.wire.jobstore import JobStore
-from infra.wire.protocol import JobStatus, Keys
-from worker.engine import RequestOutput
-from worker.held import Held, HeldJob
-from worker.logprobs import LogprobEntries
+from tide_fleet.infra.jobs.webhooks import event_id
+from tide_fleet.infra.wire import queues
+from tide_fleet.infra.wire.codec import encode_value
+from tide_fleet.infra.wire.jobstore import JobStore
+from tide_fleet.infra.wire.protocol import JobStatus, Keys
+from tide_fleet.worker.engine import RequestOutput
+from tide_fleet.worker.held import Held, HeldJob
+from tide_fleet.worker.logprobs import LogprobEntries
 
 log = logging.getLogger(__name__)
 

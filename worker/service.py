@@ -1,17 +1,17 @@
 """The worker process: pull jobs from Redis into the engine, step it, write results.
 
 A consumer loop with a stop flag. It takes messages only for free sequence slots
-(``worker.intake``) and admits each only when ``engine.can_admit`` says it fits; work it
+(``tide_fleet.worker.intake``) and admits each only when ``engine.can_admit`` says it fits; work it
 cannot start stays in Redis, visible to other workers and the controller. A job runs as
-its n choices (``worker.choices``), one engine request each, and is held (one lease)
-until all have ended (``worker.held``).
+its n choices (``tide_fleet.worker.choices``), one engine request each, and is held (one lease)
+until all have ended (``tide_fleet.worker.held``).
 
-A Redis outage is weather, not death (``worker.outage``): the worker never exits on a
+A Redis outage is weather, not death (``tide_fleet.worker.outage``): the worker never exits on a
 connection error. While Redis is away it takes nothing new, keeps generating what it
-holds and records the outputs (``worker.results``); when Redis is back it refreshes its
+holds and records the outputs (``tide_fleet.worker.results``); when Redis is back it refreshes its
 leases first (a job reaped meanwhile is dropped here), then writes what the outage held
 up. That includes start-up: a worker whose Redis is not there yet waits for it. Results
-are written on a writer thread while the engine goes on stepping (``worker.writer``).
+are written on a writer thread while the engine goes on stepping (``tide_fleet.worker.writer``).
 """
 
 from __future__ import annotations
@@ -24,21 +24,21 @@ import time
 
 import redis
 
-from infra.settings import Settings
-from infra.wire import queues
-from infra.wire.jobstore import JobStore
-from infra.wire.protocol import JobMessage, Keys, Priority, consume_order
-from worker.boot import Boot
-from worker.choices import ChoiceRunner, JobSpec, request_id
-from worker.engine import LLMEngine
-from worker.heartbeat import HeartbeatWriter
-from worker.held import Choice, Held, HeldJob
-from worker.intake import Intake
-from worker.logprobs import LogprobEntries
-from worker.metrics import WorkerMetrics
-from worker.outage import Outage
-from worker.results import PendingWrites
-from worker.writer import ResultWriter
+from tide_fleet.infra.settings import Settings
+from tide_fleet.infra.wire import queues
+from tide_fleet.infra.wire.jobstore import JobStore
+from tide_fleet.infra.wire.protocol import JobMessage, Keys, Priority, consume_order
+from tide_fleet.worker.boot import Boot
+from tide_fleet.worker.choices import ChoiceRunner, JobSpec, request_id
+from tide_fleet.worker.engine import LLMEngine
+from tide_fleet.worker.heartbeat import HeartbeatWriter
+from tide_fleet.worker.held import Choice, Held, HeldJob
+from tide_fleet.worker.intake import Intake
+from tide_fleet.worker.logprobs import LogprobEntries
+from tide_fleet.worker.metrics import WorkerMetrics
+from tide_fleet.worker.outage import Outage
+from tide_fleet.worker.results import PendingWrites
+from tide_fleet.worker.writer import ResultWriter
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Writing a worker's results to Redis on one background thread, off the engine's step.
 
-The main loop records outputs in ``PendingWrites`` (``worker.results``) and, once a turn,
+The main loop records outputs in ``PendingWrites`` (``tide_fleet.worker.results``) and, once a turn,
 calls ``write``: a flush that has ended is settled, then what is pending is taken out whole
 and written as one pipeline on the writer's thread while the engine goes on stepping. At
 most one flush is in flight and what is recorded meanwhile waits for the next, so a job's
@@ -10,7 +10,7 @@ Settling stays on the main thread, which owns ``held``: a job leaves it (its lea
 being refreshed) only once its final write succeeded. (Its webhook is scheduled by that
 write itself, in the same pipeline, not at the settle: a worker killed in between would
 leave it unsent for good.) A Redis error of a flush is raised on the main thread, as an
-outage (``worker.outage``), after its batch was put back in front of what came since:
+outage (``tide_fleet.worker.outage``), after its batch was put back in front of what came since:
 nothing is lost, and the same writes go out again once Redis is back. Between a final
 write and its settling the job's lease reads as lost (the write cleared it):
 ``is_finishing`` tells the refresh to wait. ``write_all`` waits for the flush in flight,
@@ -24,12 +24,12 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import redis
 
-from infra.jobs.webhook_store import SCHEDULE_IF_FINISHED
-from infra.wire.jobstore import JobStore
-from worker.held import Held
-from worker.results import PendingWrites, Saved
+from tide_fleet.infra.jobs.webhook_store import SCHEDULE_IF_FINISHED
+from tide_fleet.infra.wire.jobstore import JobStore
+from tide_fleet.worker.held import Held
+from tide_fleet.worker.results import PendingWrites, Saved
 
-log = logging.getLogger("worker.service")
+log = logging.getLogger("tide_fleet.worker.service")
 
 
 class ResultWriter:

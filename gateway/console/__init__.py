@@ -8,10 +8,10 @@ from dataclasses import dataclass, field
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
-from gateway.console import batches, fleet, jobs, pages
-from gateway.console.offline_docs import install_docs
-from gateway.console.rates import ArrivalRates
-from gateway.console.worker_stats import WorkerScraper
+from tide_fleet.gateway.console import batches, fleet, jobs, pages
+from tide_fleet.gateway.console.offline_docs import install_docs
+from tide_fleet.gateway.console.rates import ArrivalRates
+from tide_fleet.gateway.console.worker_stats import WorkerScraper
 
 
 @dataclass

@@ -12,7 +12,7 @@ from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request
 
-from gateway.deps import StateDep, bearer_token, is_operator
+from tide_fleet.gateway.deps import StateDep, bearer_token, is_operator
 
 
 @dataclass(frozen=True)

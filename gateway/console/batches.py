@@ -14,11 +14,11 @@ from typing import Annotated, Any, cast
 from fastapi import APIRouter, Query
 from fastapi.responses import JSONResponse
 
-from gateway.console.auth import ViewerDep
-from gateway.deps import StateDep
-from infra.jobs.public import public_batch
-from infra.wire.codec import decode_hash
-from infra.wire.protocol import Keys
+from tide_fleet.gateway.console.auth import ViewerDep
+from tide_fleet.gateway.deps import StateDep
+from tide_fleet.infra.jobs.public import public_batch
+from tide_fleet.infra.wire.codec import decode_hash
+from tide_fleet.infra.wire.protocol import Keys
 
 router = APIRouter(prefix="/console/api", include_in_schema=False)
 

@@ -18,15 +18,21 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from gateway.console.auth import OperatorDep
-from gateway.console.fleet_queues import bucket_rows, lanes, model_of, model_rows, read_queues
-from gateway.console.worker_stats import EngineStats, WorkerScraper
-from gateway.deps import StateDep
-from gateway.served import served_catalog
-from infra.wire.fleet_status import FleetStatus, read_status_async
-from infra.wire.heartbeats import Heartbeat
-from infra.wire.models import ModelCatalog
-from infra.wire.protocol import Keys
+from tide_fleet.gateway.console.auth import OperatorDep
+from tide_fleet.gateway.console.fleet_queues import (
+    bucket_rows,
+    lanes,
+    model_of,
+    model_rows,
+    read_queues,
+)
+from tide_fleet.gateway.console.worker_stats import EngineStats, WorkerScraper
+from tide_fleet.gateway.deps import StateDep
+from tide_fleet.gateway.served import served_catalog
+from tide_fleet.infra.wire.fleet_status import FleetStatus, read_status_async
+from tide_fleet.infra.wire.heartbeats import Heartbeat
+from tide_fleet.infra.wire.models import ModelCatalog
+from tide_fleet.infra.wire.protocol import Keys
 
 router = APIRouter(prefix="/console/api", include_in_schema=False)
 

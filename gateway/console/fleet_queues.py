@@ -12,12 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.console.rates import ArrivalRates
-from gateway.deps import StateDep
-from infra.wire.backlog import Lanes, read_lanes_async
-from infra.wire.heartbeats import Heartbeat
-from infra.wire.models import ModelCatalog
-from infra.wire.protocol import BUCKETS, Keys, Priority, queue_name
+from tide_fleet.gateway.console.rates import ArrivalRates
+from tide_fleet.gateway.deps import StateDep
+from tide_fleet.infra.wire.backlog import Lanes, read_lanes_async
+from tide_fleet.infra.wire.heartbeats import Heartbeat
+from tide_fleet.infra.wire.models import ModelCatalog
+from tide_fleet.infra.wire.protocol import BUCKETS, Keys, Priority, queue_name
 
 
 @dataclass(frozen=True)

@@ -16,14 +16,14 @@ from typing import Annotated, Any, cast
 from fastapi import APIRouter, HTTPException, Query
 from fastapi.responses import JSONResponse
 
-from gateway.console.auth import ViewerDep
-from gateway.deps import GatewayState, StateDep
-from gateway.errors import shown
-from gateway.served import served_catalog
-from infra.jobs.public import job_public
-from infra.wire.codec import decode_hash
-from infra.wire.job_scripts import RECENT_JOBS_PER_TENANT, RECENT_JOBS_SLACK
-from infra.wire.protocol import Keys
+from tide_fleet.gateway.console.auth import ViewerDep
+from tide_fleet.gateway.deps import GatewayState, StateDep
+from tide_fleet.gateway.errors import shown
+from tide_fleet.gateway.served import served_catalog
+from tide_fleet.infra.jobs.public import job_public
+from tide_fleet.infra.wire.codec import decode_hash
+from tide_fleet.infra.wire.job_scripts import RECENT_JOBS_PER_TENANT, RECENT_JOBS_SLACK
+from tide_fleet.infra.wire.protocol import Keys
 
 router = APIRouter(prefix="/console/api", include_in_schema=False)
 

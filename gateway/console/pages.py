@@ -9,9 +9,9 @@ from typing import Any
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import FileResponse, RedirectResponse
 
-from gateway.console.auth import Viewer, current_viewer
-from gateway.deps import StateDep
-from gateway.served import served_catalog
+from tide_fleet.gateway.console.auth import Viewer, current_viewer
+from tide_fleet.gateway.deps import StateDep
+from tide_fleet.gateway.served import served_catalog
 
 STATIC = Path(__file__).parent / "static"
 

@@ -9,16 +9,22 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, HTTPException, Query
 from pydantic import BaseModel, ConfigDict, Field
 
-from gateway.deps import StateDep, TenantDep
-from gateway.errors import ApiError, shown
-from gateway.routes.jobs import ERRORS
-from infra.batches.store import new_batch_id, parse_window
-from infra.batches.validate import validate_batch
-from infra.jobs.fields import METADATA_DOC, METADATA_MAX_KEYS, Metadata, NonEmptyText, Text
-from infra.jobs.public import list_page, public_batch
-from infra.jobs.schemas import WebhookSpec
-from infra.jobs.webhooks import UnsafeWebhookTarget, check_target
-from infra.wire.protocol import Keys
+from tide_fleet.gateway.deps import StateDep, TenantDep
+from tide_fleet.gateway.errors import ApiError, shown
+from tide_fleet.gateway.routes.jobs import ERRORS
+from tide_fleet.infra.batches.store import new_batch_id, parse_window
+from tide_fleet.infra.batches.validate import validate_batch
+from tide_fleet.infra.jobs.fields import (
+    METADATA_DOC,
+    METADATA_MAX_KEYS,
+    Metadata,
+    NonEmptyText,
+    Text,
+)
+from tide_fleet.infra.jobs.public import list_page, public_batch
+from tide_fleet.infra.jobs.schemas import WebhookSpec
+from tide_fleet.infra.jobs.webhooks import UnsafeWebhookTarget, check_target
+from tide_fleet.infra.wire.protocol import Keys
 
 router = APIRouter(prefix="/v1/batches", tags=["batches"])
 

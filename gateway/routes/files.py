@@ -9,12 +9,12 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, File, Form, HTTPException, Query, UploadFile
 from fastapi.responses import StreamingResponse
 
-from gateway.deps import StateDep, TenantDep
-from gateway.errors import ApiError, shown
-from gateway.routes.jobs import ERRORS
-from infra.jobs.files import FileTooLarge, limited, public_file
-from infra.jobs.public import list_page
-from infra.jobs.storage import CHUNK
+from tide_fleet.gateway.deps import StateDep, TenantDep
+from tide_fleet.gateway.errors import ApiError, shown
+from tide_fleet.gateway.routes.jobs import ERRORS
+from tide_fleet.infra.jobs.files import FileTooLarge, limited, public_file
+from tide_fleet.infra.jobs.public import list_page
+from tide_fleet.infra.jobs.storage import CHUNK
 
 router = APIRouter(prefix="/v1/files", tags=["files"])
 PURPOSES = ("batch", "batch_output")

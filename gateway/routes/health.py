@@ -7,12 +7,12 @@ from fastapi import APIRouter, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from gateway.deps import StateDep
-from gateway.metrics import BACKLOG, QUEUE_DEPTH, registry
-from gateway.readiness import readiness
-from gateway.served import served_catalog
-from infra.wire.backlog import read_lanes_async
-from infra.wire.protocol import BUCKETS, Priority, queue_name
+from tide_fleet.gateway.deps import StateDep
+from tide_fleet.gateway.metrics import BACKLOG, QUEUE_DEPTH, registry
+from tide_fleet.gateway.readiness import readiness
+from tide_fleet.gateway.served import served_catalog
+from tide_fleet.infra.wire.backlog import read_lanes_async
+from tide_fleet.infra.wire.protocol import BUCKETS, Priority, queue_name
 
 router = APIRouter(tags=["health"])
 

@@ -9,13 +9,19 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Header, HTTPException, Response
 from sse_starlette.sse import EventSourceResponse
 
-from gateway.deps import GatewayState, StateDep, TenantDep
-from gateway.errors import shown
-from gateway.events import job_events
-from gateway.submit import submit_job
-from infra.jobs.public import ErrorBody, JobAccepted, JobPublic, delta_public, job_public_json
-from infra.jobs.schemas import JobCreate
-from infra.wire.protocol import JobStatus
+from tide_fleet.gateway.deps import GatewayState, StateDep, TenantDep
+from tide_fleet.gateway.errors import shown
+from tide_fleet.gateway.events import job_events
+from tide_fleet.gateway.submit import submit_job
+from tide_fleet.infra.jobs.public import (
+    ErrorBody,
+    JobAccepted,
+    JobPublic,
+    delta_public,
+    job_public_json,
+)
+from tide_fleet.infra.jobs.schemas import JobCreate
+from tide_fleet.infra.wire.protocol import JobStatus
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 ERRORS: dict[int | str, dict[str, Any]] = {

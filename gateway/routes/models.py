@@ -16,13 +16,13 @@ import redis
 from fastapi import APIRouter
 from pydantic import BaseModel
 
-from gateway.deps import GatewayState, StateDep, TenantDep
-from gateway.routes.jobs import ERRORS
-from gateway.served import pick, served_catalog
-from infra.jobs.public import ErrorBody
-from infra.wire.backlog import read_lanes_async
-from infra.wire.heartbeats import read_heartbeats_async
-from infra.wire.models import ServedModel
+from tide_fleet.gateway.deps import GatewayState, StateDep, TenantDep
+from tide_fleet.gateway.routes.jobs import ERRORS
+from tide_fleet.gateway.served import pick, served_catalog
+from tide_fleet.infra.jobs.public import ErrorBody
+from tide_fleet.infra.wire.backlog import read_lanes_async
+from tide_fleet.infra.wire.heartbeats import read_heartbeats_async
+from tide_fleet.infra.wire.models import ServedModel
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 

@@ -13,24 +13,24 @@ from typing import Any
 
 from fastapi import APIRouter
 
-from gateway.capacity import check_capacity
-from gateway.deps import GatewayState, StateDep, TenantDep
-from gateway.errors import ApiError
-from gateway.events import many_job_events
-from gateway.openai_stream import StreamPlan, stream_response
-from gateway.routes.jobs import ERRORS
-from gateway.served import served_catalog
-from gateway.submit import Prepared, prepare, script_call, write_jobs
-from infra.jobs.ceilings import check_work
-from infra.jobs.job_errors import unfinished_job
-from infra.jobs.openai_format import chat_body, completions_body
-from infra.jobs.openai_request import PlannedJob, chat_job, completion_jobs
-from infra.jobs.public import ErrorBody
-from infra.jobs.schemas import ChatCompletionCreate, CompletionCreate
-from infra.jobs.submission import ModelInfo, build_job
-from infra.jobs.tools import ToolRender
-from infra.wire.models import ServedModel
-from infra.wire.protocol import Priority
+from tide_fleet.gateway.capacity import check_capacity
+from tide_fleet.gateway.deps import GatewayState, StateDep, TenantDep
+from tide_fleet.gateway.errors import ApiError
+from tide_fleet.gateway.events import many_job_events
+from tide_fleet.gateway.openai_stream import StreamPlan, stream_response
+from tide_fleet.gateway.routes.jobs import ERRORS
+from tide_fleet.gateway.served import served_catalog
+from tide_fleet.gateway.submit import Prepared, prepare, script_call, write_jobs
+from tide_fleet.infra.jobs.ceilings import check_work
+from tide_fleet.infra.jobs.job_errors import unfinished_job
+from tide_fleet.infra.jobs.openai_format import chat_body, completions_body
+from tide_fleet.infra.jobs.openai_request import PlannedJob, chat_job, completion_jobs
+from tide_fleet.infra.jobs.public import ErrorBody
+from tide_fleet.infra.jobs.schemas import ChatCompletionCreate, CompletionCreate
+from tide_fleet.infra.jobs.submission import ModelInfo, build_job
+from tide_fleet.infra.jobs.tools import ToolRender
+from tide_fleet.infra.wire.models import ServedModel
+from tide_fleet.infra.wire.protocol import Priority
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 

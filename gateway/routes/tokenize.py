@@ -14,15 +14,15 @@ import anyio
 from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from gateway.deps import GatewayState, StateDep, TenantDep
-from gateway.routes.jobs import ERRORS
-from gateway.served import pick
-from gateway.submit import INLINE_MAX_CHARS, http_error
-from infra.jobs.errors import SubmissionError
-from infra.jobs.fields import NonEmptyText, Text
-from infra.jobs.messages import ChatMessage
-from infra.jobs.request_checks import check_token_ids
-from infra.jobs.submission import ModelInfo, render_chat
+from tide_fleet.gateway.deps import GatewayState, StateDep, TenantDep
+from tide_fleet.gateway.routes.jobs import ERRORS
+from tide_fleet.gateway.served import pick
+from tide_fleet.gateway.submit import INLINE_MAX_CHARS, http_error
+from tide_fleet.infra.jobs.errors import SubmissionError
+from tide_fleet.infra.jobs.fields import NonEmptyText, Text
+from tide_fleet.infra.jobs.messages import ChatMessage
+from tide_fleet.infra.jobs.request_checks import check_token_ids
+from tide_fleet.infra.jobs.submission import ModelInfo, render_chat
 
 router = APIRouter(tags=["tokenize"])
 

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from infra.jobs.submission import ModelInfo
+from tide_fleet.infra.jobs.submission import ModelInfo
 
 
 def split_document(text: str, template: str, fits: Callable[[str], bool]) -> list[str]:

@@ -14,12 +14,12 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from infra.batches.store import FANOUT_CHUNK, REFUSED, BatchStore, handles, refusal
-from infra.jobs.celery_app import celery_app
-from infra.jobs.openai_format import chat_body, completion_body
-from infra.jobs.webhooks import enqueue_webhook
-from infra.wire.codec import decode_hash
-from infra.wire.protocol import JobStatus, Keys
+from tide_fleet.infra.batches.store import FANOUT_CHUNK, REFUSED, BatchStore, handles, refusal
+from tide_fleet.infra.jobs.celery_app import celery_app
+from tide_fleet.infra.jobs.openai_format import chat_body, completion_body
+from tide_fleet.infra.jobs.webhooks import enqueue_webhook
+from tide_fleet.infra.wire.codec import decode_hash
+from tide_fleet.infra.wire.protocol import JobStatus, Keys
 
 BodyMaker = Callable[[dict[str, str], str], dict[str, Any]]  # a completed job's response body
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from infra.wire.models import ModelCatalog, ServedModel
+from tide_fleet.infra.wire.models import ModelCatalog, ServedModel
 
 SHOWN_CHARS = 80  # of a name a line gives, in an error message
 

@@ -18,12 +18,12 @@ from typing import Any
 
 import redis
 
-from infra.jobs.files import FileStore
-from infra.jobs.storage import make_storage
-from infra.settings import Settings, get_settings
-from infra.wire.codec import decode_hash, encode_value
-from infra.wire.jobstore import JobStore
-from infra.wire.protocol import Keys
+from tide_fleet.infra.jobs.files import FileStore
+from tide_fleet.infra.jobs.storage import make_storage
+from tide_fleet.infra.settings import Settings, get_settings
+from tide_fleet.infra.wire.codec import decode_hash, encode_value
+from tide_fleet.infra.wire.jobstore import JobStore
+from tide_fleet.infra.wire.protocol import Keys
 
 FANOUT_CHUNK = 500  # lines per pipeline, writing jobs at fan-out and reading them back
 REFUSED = "error:"  # prefix of a refused line's entry in the line table

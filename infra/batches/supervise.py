@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import time
 
-from infra.batches.finalize import finalize_batch
-from infra.batches.store import FANOUT_CHUNK, REFUSED, BatchStore, handles
-from infra.batches.validate import validate_batch
-from infra.wire.jobstore import JobStore
-from infra.wire.protocol import JobStatus, Keys
+from tide_fleet.infra.batches.finalize import finalize_batch
+from tide_fleet.infra.batches.store import FANOUT_CHUNK, REFUSED, BatchStore, handles
+from tide_fleet.infra.batches.validate import validate_batch
+from tide_fleet.infra.wire.jobstore import JobStore
+from tide_fleet.infra.wire.protocol import JobStatus, Keys
 
 FULL_PASS_SECONDS = 30.0  # read every line's status at least this often (counters' check)
 _last_full_pass: dict[str, float] = {}

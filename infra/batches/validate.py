@@ -21,16 +21,16 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from infra.batches.one_model import OneModel
-from infra.batches.store import FANOUT_CHUNK, REFUSED, handles, refusal
-from infra.jobs.celery_app import celery_app
-from infra.jobs.errors import bad_request
-from infra.jobs.files import FileStore
-from infra.jobs.openai_request import PlannedJob, chat_job, completion_jobs
-from infra.jobs.schemas import ChatCompletionCreate, CompletionCreate
-from infra.jobs.submission import ModelInfo, SubmissionError, build_job
-from infra.wire.models import ModelCatalog, ServedModel, catalog
-from infra.wire.protocol import Keys, Priority
+from tide_fleet.infra.batches.one_model import OneModel
+from tide_fleet.infra.batches.store import FANOUT_CHUNK, REFUSED, handles, refusal
+from tide_fleet.infra.jobs.celery_app import celery_app
+from tide_fleet.infra.jobs.errors import bad_request
+from tide_fleet.infra.jobs.files import FileStore
+from tide_fleet.infra.jobs.openai_request import PlannedJob, chat_job, completion_jobs
+from tide_fleet.infra.jobs.schemas import ChatCompletionCreate, CompletionCreate
+from tide_fleet.infra.jobs.submission import ModelInfo, SubmissionError, build_job
+from tide_fleet.infra.wire.models import ModelCatalog, ServedModel, catalog
+from tide_fleet.infra.wire.protocol import Keys, Priority
 
 ENDPOINTS: dict[str, type[CompletionCreate] | type[ChatCompletionCreate]] = {
     "/v1/completions": CompletionCreate,

@@ -16,7 +16,7 @@ import httpx
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from infra.bench.workload import WorkItem
+from tide_fleet.infra.bench.workload import WorkItem
 
 
 @dataclass

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from infra.bench.load import RequestRecord, RunResult
+from tide_fleet.infra.bench.load import RequestRecord, RunResult
 
 
 def tokens_per_second(records: list[RequestRecord]) -> list[int]:

@@ -13,10 +13,10 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from infra.bench.load import RequestRecord, RunResult
-from infra.bench.plots import write_plots
-from infra.bench.workload import WorkloadSpec
-from infra.stats import percentile
+from tide_fleet.infra.bench.load import RequestRecord, RunResult
+from tide_fleet.infra.bench.plots import write_plots
+from tide_fleet.infra.bench.workload import WorkloadSpec
+from tide_fleet.infra.stats import percentile
 
 PERCENTILES = (50, 90, 99)
 SLO_METRICS = ("ttft", "tpot", "e2e")

@@ -14,9 +14,9 @@ from pathlib import Path
 import httpx
 import redis
 
-from infra.fleet.local_fleet import wait_ready
-from infra.fleet.redis_server import EmbeddedRedis, free_port
-from infra.fleet.supervisor import spawn
+from tide_fleet.infra.fleet.local_fleet import wait_ready
+from tide_fleet.infra.fleet.redis_server import EmbeddedRedis, free_port
+from tide_fleet.infra.fleet.supervisor import spawn
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -65,14 +65,23 @@ class ScenarioFleet:
         port = self.url.rsplit(":", 1)[1]
         self._spawn(
             "gateway",
-            [py, "-m", "uvicorn", "gateway.app:app", "--port", port, "--log-level", "warning"],
+            [
+                py,
+                "-m",
+                "uvicorn",
+                "tide_fleet.gateway.app:app",
+                "--port",
+                port,
+                "--log-level",
+                "warning",
+            ],
             env,
         )
         for i, w in enumerate(self.arm.workers):
             argv = [
                 py,
                 "-m",
-                "infra.cli",
+                "tide_fleet.infra.cli",
                 "worker",
                 "--buckets",
                 w.buckets,

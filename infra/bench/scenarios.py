@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from infra.bench.load import RunConfig, RunResult, run_load
-from infra.bench.report import build_report, emit, report_config
-from infra.bench.scenario_fleet import ROOT, Arm, ScenarioFleet, WorkerSpec
-from infra.bench.workload import WorkItem, build_workload, workload_spec
+from tide_fleet.infra.bench.load import RunConfig, RunResult, run_load
+from tide_fleet.infra.bench.report import build_report, emit, report_config
+from tide_fleet.infra.bench.scenario_fleet import ROOT, Arm, ScenarioFleet, WorkerSpec
+from tide_fleet.infra.bench.workload import WorkItem, build_workload, workload_spec
 
 # stories260K's prefill is too cheap for prefix caching to show through the fleet's
 # per-request overhead; dummy:small (2,048-token context) makes prefill cost something.

@@ -9,7 +9,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from infra.traces import RequestRow, read_request_trace
+from tide_fleet.infra.traces import RequestRow, read_request_trace
 
 # Plain words for synthetic prompts: common English keeps subword tokenizers near one
 # token per word, and any tokenizer can cut them to an exact length.

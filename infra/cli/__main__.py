@@ -1,5 +1,5 @@
-"""`python -m infra.cli`: the `tide` command."""
+"""`python -m tide_fleet.infra.cli`: the `tide` command."""
 
-from infra.cli.main import main
+from tide_fleet.infra.cli.main import main
 
 raise SystemExit(main())

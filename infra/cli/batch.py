@@ -13,9 +13,9 @@ from typing import Any
 import httpx
 from rich.progress import Progress
 
-from infra.batches.docs import docs_to_batch
-from infra.batches.extract import extract, load_schema
-from infra.jobs.submission import ModelInfo
+from tide_fleet.infra.batches.docs import docs_to_batch
+from tide_fleet.infra.batches.extract import extract, load_schema
+from tide_fleet.infra.jobs.submission import ModelInfo
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -113,8 +113,8 @@ def run_fleet(input_path: Path, output: Path, url: str, api_key: str | None) -> 
 
 def cmd_batch_run(args: argparse.Namespace) -> int:
     if args.offline:
-        from infra.cli.batch_offline import run_offline  # loads torch: only when asked
-        from infra.settings import get_settings
+        from tide_fleet.infra.cli.batch_offline import run_offline  # loads torch: only when asked
+        from tide_fleet.infra.settings import get_settings
 
         counts = run_offline(
             args.input, args.output, args.model or get_settings().model, args.dtype
@@ -132,7 +132,7 @@ def cmd_batch_run(args: argparse.Namespace) -> int:
 
 
 def cmd_batch_docs(args: argparse.Namespace) -> int:
-    from worker.models.registry import model_folder
+    from tide_fleet.worker.models.registry import model_folder
 
     model = args.model
     if model is None and not args.offline:
@@ -143,11 +143,11 @@ def cmd_batch_docs(args: argparse.Namespace) -> int:
             .json()["data"][0]["id"]
         )
     if model is None:
-        from infra.settings import get_settings
+        from tide_fleet.infra.settings import get_settings
 
         model = get_settings().model
     if model.startswith("dummy:"):
-        from worker.models.resolve import resolve_model_path
+        from tide_fleet.worker.models.resolve import resolve_model_path
 
         resolve_model_path(model)
     info = ModelInfo.load(str(model_folder(model)))
@@ -160,7 +160,7 @@ def cmd_batch_docs(args: argparse.Namespace) -> int:
     print(f"{len(lines)} requests from {args.folder}", file=sys.stderr)
     raw = args.output.with_suffix(".batch.jsonl") if schema is not None else args.output
     if args.offline:
-        from infra.cli.batch_offline import run_offline
+        from tide_fleet.infra.cli.batch_offline import run_offline
 
         counts = run_offline(Path(tmp.name), raw, model, None)
         print(f"{counts['completed']}/{counts['total']} completed; output in {raw}")

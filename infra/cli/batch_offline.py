@@ -2,7 +2,7 @@
 
 Each line is validated and planned exactly as the fleet plans it (``plan_line``: the same
 request models, field checks, tools and response_format), its n choices run as engine
-requests with the worker's ids and seeds (``worker.choices``), and its output is rendered
+requests with the worker's ids and seeds (``tide_fleet.worker.choices``), and its output is rendered
 by the same OpenAI renderers from a record shaped like the worker's result. Output lines
 keep the input order.
 """
@@ -17,15 +17,15 @@ from typing import Any
 from pydantic import ValidationError
 from rich.progress import Progress
 
-from infra.batches.validate import plan_line
-from infra.jobs.errors import SubmissionError
-from infra.jobs.openai_format import chat_body, completion_body
-from infra.jobs.submission import ModelInfo, token_ids
-from worker.choices import choice_params, request_id
-from worker.engine import LLMEngine, RequestOutput, SamplingParams
-from worker.held import Choice
-from worker.logprobs import LogprobEntries
-from worker.models.resolve import resolve_model_path
+from tide_fleet.infra.batches.validate import plan_line
+from tide_fleet.infra.jobs.errors import SubmissionError
+from tide_fleet.infra.jobs.openai_format import chat_body, completion_body
+from tide_fleet.infra.jobs.submission import ModelInfo, token_ids
+from tide_fleet.worker.choices import choice_params, request_id
+from tide_fleet.worker.engine import LLMEngine, RequestOutput, SamplingParams
+from tide_fleet.worker.held import Choice
+from tide_fleet.worker.logprobs import LogprobEntries
+from tide_fleet.worker.models.resolve import resolve_model_path
 
 CHAT = "/v1/chat/completions"
 

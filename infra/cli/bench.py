@@ -204,9 +204,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from infra.bench.load import RunConfig, run_load
-    from infra.bench.report import build_report, emit, parse_slos, report_config
-    from infra.bench.workload import build_workload, workload_spec
+    from tide_fleet.infra.bench.load import RunConfig, run_load
+    from tide_fleet.infra.bench.report import build_report, emit, parse_slos, report_config
+    from tide_fleet.infra.bench.workload import build_workload, workload_spec
 
     try:
         slos = parse_slos(args.goodput)
@@ -238,9 +238,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _scenario(args: argparse.Namespace, slos: dict[str, float]) -> int:
-    from infra.bench.scenarios import default_model, run_scenario
-    from infra.jobs.submission import ModelInfo
-    from worker.models.resolve import resolve_model_path  # torch: only in this parent
+    from tide_fleet.infra.bench.scenarios import default_model, run_scenario
+    from tide_fleet.infra.jobs.submission import ModelInfo
+    from tide_fleet.worker.models.resolve import resolve_model_path  # torch: only in this parent
 
     model = args.model or default_model(args.scenario)
     resolve_model_path(model)  # materialise a dummy model once, before the fleets start
@@ -250,7 +250,7 @@ def _scenario(args: argparse.Namespace, slos: dict[str, float]) -> int:
 
 def _tokenizer(args: argparse.Namespace) -> tuple[Any | None, int]:
     """The served model's tokenizer (to size prompts exactly) and its context length."""
-    from infra.jobs.submission import ModelInfo
+    from tide_fleet.infra.jobs.submission import ModelInfo
 
     model = args.model
     if model is None:

@@ -14,9 +14,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from infra.doctor.queues import scraped_by_model
-from infra.doctor.rules import Finding, diagnose
-from infra.doctor.snapshot import Snapshot
+from tide_fleet.infra.doctor.queues import scraped_by_model
+from tide_fleet.infra.doctor.rules import Finding, diagnose
+from tide_fleet.infra.doctor.snapshot import Snapshot
 
 
 def add_parser(sub: Any) -> None:
@@ -73,7 +73,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         print(f"--interval must be in (0, 600] seconds, got {args.interval}", file=sys.stderr)
         return 2
     # collect.py brings httpx and redis: imported here, so other `tide` commands start light.
-    from infra.doctor.collect import collect, load
+    from tide_fleet.infra.doctor.collect import collect, load
 
     if args.load:
         try:

@@ -7,9 +7,9 @@ import json
 import sys
 from typing import Any
 
-from infra.cli.engine_flags import GENERATE_FLAGS, add_engine_flags, engine_kwargs
-from infra.jsonl import iter_objects
-from infra.settings import DEFAULT_MODEL
+from tide_fleet.infra.cli.engine_flags import GENERATE_FLAGS, add_engine_flags, engine_kwargs
+from tide_fleet.infra.jsonl import iter_objects
+from tide_fleet.infra.settings import DEFAULT_MODEL
 
 GENERATE_OVERRIDES = {
     "max_tokens": int,
@@ -65,8 +65,8 @@ def _load_prompts(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from worker.engine import LLMEngine, SamplingParams
-    from worker.models.config import ModelLoadError
+    from tide_fleet.worker.engine import LLMEngine, SamplingParams
+    from tide_fleet.worker.models.config import ModelLoadError
 
     items = _load_prompts(args)
     try:

@@ -8,7 +8,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from infra.fleet.fleet_config import DEFAULT_FLEET_FILE
+from tide_fleet.infra.fleet.fleet_config import DEFAULT_FLEET_FILE
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -31,7 +31,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
 
 
 def cmd_tfvars(args: argparse.Namespace) -> int:
-    from infra.fleet.tfvars import render_file
+    from tide_fleet.infra.fleet.tfvars import render_file
 
     try:
         text = render_file(args.fleet)

@@ -14,15 +14,15 @@ import os
 import sys
 
 SUBCOMMAND_MODULES = (
-    "infra.cli.generate",
-    "infra.cli.serve",
-    "infra.cli.client",
-    "infra.cli.batch",
-    "infra.cli.bench",
-    "infra.cli.plan",
-    "infra.cli.doctor",
-    "infra.cli.infra",
-    "infra.cli.simulate",
+    "tide_fleet.infra.cli.generate",
+    "tide_fleet.infra.cli.serve",
+    "tide_fleet.infra.cli.client",
+    "tide_fleet.infra.cli.batch",
+    "tide_fleet.infra.cli.bench",
+    "tide_fleet.infra.cli.plan",
+    "tide_fleet.infra.cli.doctor",
+    "tide_fleet.infra.cli.infra",
+    "tide_fleet.infra.cli.simulate",
 )
 
 

@@ -7,9 +7,14 @@ import json
 import sys
 from collections.abc import Callable
 
-from infra.plan.devices import DEVICES, GiB, get_device
-from infra.plan.model_shape import DTYPE_BYTES, PRESETS
-from infra.plan.planner import DEFAULT_HEADROOM, DEFAULT_RESERVE_BYTES, MAX_HEADROOM, Plan
+from tide_fleet.infra.plan.devices import DEVICES, GiB, get_device
+from tide_fleet.infra.plan.model_shape import DTYPE_BYTES, PRESETS
+from tide_fleet.infra.plan.planner import (
+    DEFAULT_HEADROOM,
+    DEFAULT_RESERVE_BYTES,
+    MAX_HEADROOM,
+    Plan,
+)
 
 
 def _number(
@@ -78,7 +83,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from infra.plan.planner import load_shape, plan
+    from tide_fleet.infra.plan.planner import load_shape, plan
 
     try:
         shape = load_shape(args.model)

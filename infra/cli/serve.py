@@ -12,7 +12,7 @@ import sys
 import threading
 from typing import Any
 
-from infra.cli.engine_flags import add_engine_flags, engine_kwargs, worker_argv
+from tide_fleet.infra.cli.engine_flags import add_engine_flags, engine_kwargs, worker_argv
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -88,10 +88,10 @@ def stop_on_signals() -> threading.Event:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    from infra.fleet.fleet_config import split_model_spec
-    from infra.fleet.local_fleet import LocalFleet
-    from infra.settings import Settings
-    from worker.models.resolve import resolve_model_path
+    from tide_fleet.infra.fleet.fleet_config import split_model_spec
+    from tide_fleet.infra.fleet.local_fleet import LocalFleet
+    from tide_fleet.infra.settings import Settings
+    from tide_fleet.worker.models.resolve import resolve_model_path
 
     paths = [split_model_spec(m)[1] for m in args.model or []]
     overrides = {"model": paths[0] if paths else None, "data_dir": args.data_dir}
@@ -102,11 +102,11 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from infra.fleet.aws_lifecycle import LifecycleWatcher
-    from infra.settings import get_settings
-    from infra.wire.models import catalog
-    from worker.engine import LLMEngine
-    from worker.service import WorkerService
+    from tide_fleet.infra.fleet.aws_lifecycle import LifecycleWatcher
+    from tide_fleet.infra.settings import get_settings
+    from tide_fleet.infra.wire.models import catalog
+    from tide_fleet.worker.engine import LLMEngine
+    from tide_fleet.worker.service import WorkerService
 
     settings = get_settings()
     served = catalog(settings).for_worker(args.served_model, args.model)
@@ -127,8 +127,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def cmd_reaper(args: argparse.Namespace) -> int:
-    from infra.fleet.reaper import run_reaper
-    from infra.settings import get_settings
+    from tide_fleet.infra.fleet.reaper import run_reaper
+    from tide_fleet.infra.settings import get_settings
 
     run_reaper(get_settings(), stop_on_signals())
     return 0
@@ -137,11 +137,11 @@ def cmd_reaper(args: argparse.Namespace) -> int:
 def cmd_controller(args: argparse.Namespace) -> int:
     import redis
 
-    from infra.fleet.aws_actuator import AwsActuator
-    from infra.fleet.controller import Controller
-    from infra.fleet.fleet_config import load_fleet
-    from infra.fleet.local_actuator import LocalActuator
-    from infra.settings import child_env, get_settings
+    from tide_fleet.infra.fleet.aws_actuator import AwsActuator
+    from tide_fleet.infra.fleet.controller import Controller
+    from tide_fleet.infra.fleet.fleet_config import load_fleet
+    from tide_fleet.infra.fleet.local_actuator import LocalActuator
+    from tide_fleet.infra.settings import child_env, get_settings
 
     settings = get_settings()
     if not settings.redis_url:

@@ -20,7 +20,7 @@ def add_parser(sub: Any) -> None:
         help="simulate the fleet over a trace: Tide's scaling policy against baselines",
         description=(
             "Discrete-event simulation of the fleet's pools over a job trace, once per policy: "
-            "tide (the controller's infra.fleet.autoscale.decide), list_length (KEDA-style "
+            "tide (the controller's autoscale.decide), list_length (KEDA-style "
             "queued jobs / target per worker, scale to zero after KEDA's cooldown) and "
             "static_peak (enough always-on workers for the peak hour, raised until each pool "
             "meets its SLO). Reports GPU-hours, queue waits, SLO attainment and peak workers, "
@@ -80,7 +80,7 @@ def add_parser(sub: Any) -> None:
 
 
 def _fleet(path: str | None) -> Any:
-    from infra.fleet.fleet_config import load_fleet
+    from tide_fleet.infra.fleet.fleet_config import load_fleet
 
     if path is None:
         if Path("fleet.toml").is_file():
@@ -107,12 +107,12 @@ def _mix(spec: str) -> dict[str, float]:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from infra.sim.compare import simulate
-    from infra.sim.models import FleetModels
-    from infra.sim.policies import POLICIES, KedaConfig
-    from infra.sim.service_model import service_models
-    from infra.sim.simulation import SimConfig
-    from infra.sim.traces import TRACES, builtin_trace, load_trace
+    from tide_fleet.infra.sim.compare import simulate
+    from tide_fleet.infra.sim.models import FleetModels
+    from tide_fleet.infra.sim.policies import POLICIES, KedaConfig
+    from tide_fleet.infra.sim.service_model import service_models
+    from tide_fleet.infra.sim.simulation import SimConfig
+    from tide_fleet.infra.sim.traces import TRACES, builtin_trace, load_trace
 
     try:
         if args.list_length < 1:
@@ -207,7 +207,7 @@ def plot(results: Any, jobs: Any, span: float, path: str, title: str = "") -> No
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from infra.stats import percentile
+    from tide_fleet.infra.stats import percentile
 
     end = max([span, *(r.end_s for r in results.values())])
     width = 900.0

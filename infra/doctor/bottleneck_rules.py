@@ -5,10 +5,10 @@ per model: its workers' latencies), and the gateway's one core. Pure and torch-f
 
 from __future__ import annotations
 
-from infra.doctor.findings import Finding, Thresholds, gauge, quantile, rounded, whose
-from infra.doctor.queues import model_evidence, scraped_by_model, worker_models
-from infra.doctor.scrape import Scrape
-from infra.doctor.snapshot import Snapshot, counter_increase, histogram_counts
+from tide_fleet.infra.doctor.findings import Finding, Thresholds, gauge, quantile, rounded, whose
+from tide_fleet.infra.doctor.queues import model_evidence, scraped_by_model, worker_models
+from tide_fleet.infra.doctor.scrape import Scrape
+from tide_fleet.infra.doctor.snapshot import Snapshot, counter_increase, histogram_counts
 
 
 def kv_bound(b: Snapshot, a: Snapshot, dt: float, th: Thresholds) -> list[Finding]:

@@ -17,11 +17,11 @@ from typing import Any, cast
 import httpx
 import redis
 
-from infra.doctor.scrape import Scrape
-from infra.doctor.snapshot import Snapshot
-from infra.settings import REDIS_URL_FILE, get_settings
-from infra.wire.heartbeats import Heartbeat, read_heartbeats
-from infra.wire.protocol import Keys
+from tide_fleet.infra.doctor.scrape import Scrape
+from tide_fleet.infra.doctor.snapshot import Snapshot
+from tide_fleet.infra.settings import REDIS_URL_FILE, get_settings
+from tide_fleet.infra.wire.heartbeats import Heartbeat, read_heartbeats
+from tide_fleet.infra.wire.protocol import Keys
 
 PHASES = ("before", "after")
 

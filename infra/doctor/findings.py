@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from infra.doctor.scrape import Scrape, histogram_quantile
+from tide_fleet.infra.doctor.scrape import Scrape, histogram_quantile
 
 
 @dataclass

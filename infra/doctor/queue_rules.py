@@ -6,8 +6,8 @@ model never counts for another's queues (infra/doctor/queues.py). Pure and torch
 
 from __future__ import annotations
 
-from infra.doctor.findings import Finding, Thresholds, gauge, quantile, rounded, whose
-from infra.doctor.queues import (
+from tide_fleet.infra.doctor.findings import Finding, Thresholds, gauge, quantile, rounded, whose
+from tide_fleet.infra.doctor.queues import (
     lane_name,
     model_evidence,
     oldest_age,
@@ -16,7 +16,7 @@ from infra.doctor.queues import (
     served_buckets,
     worker_models,
 )
-from infra.doctor.snapshot import Snapshot, histogram_counts, worker_increase
+from tide_fleet.infra.doctor.snapshot import Snapshot, histogram_counts, worker_increase
 
 
 def _unserved_knob(model: str, bucket: str) -> str:

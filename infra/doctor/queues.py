@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable
 
-from infra.doctor.scrape import Scrape
-from infra.doctor.snapshot import Snapshot
+from tide_fleet.infra.doctor.scrape import Scrape
+from tide_fleet.infra.doctor.snapshot import Snapshot
 
 Lane = tuple[str, str]  # (model, bucket)
 

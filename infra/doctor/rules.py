@@ -11,15 +11,15 @@ docs/observability.md explains every rule.
 
 from __future__ import annotations
 
-from infra.doctor.bottleneck_rules import (
+from tide_fleet.infra.doctor.bottleneck_rules import (
     bandwidth_bound,
     gateway_cpu_saturated,
     kv_bound,
     prefill_starvation,
 )
-from infra.doctor.findings import Finding, Thresholds
-from infra.doctor.queue_rules import admission_too_tight, cold_starts, unserved_bucket
-from infra.doctor.snapshot import Snapshot
+from tide_fleet.infra.doctor.findings import Finding, Thresholds
+from tide_fleet.infra.doctor.queue_rules import admission_too_tight, cold_starts, unserved_bucket
+from tide_fleet.infra.doctor.snapshot import Snapshot
 
 __all__ = ["RULES", "Finding", "Thresholds", "diagnose"]
 

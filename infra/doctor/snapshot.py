@@ -11,8 +11,8 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from infra.doctor.scrape import Scrape
-from infra.wire.heartbeats import Heartbeat
+from tide_fleet.infra.doctor.scrape import Scrape
+from tide_fleet.infra.wire.heartbeats import Heartbeat
 
 
 @dataclass

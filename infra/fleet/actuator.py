@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from infra.fleet.fleet_config import PoolConfig
+from tide_fleet.infra.fleet.fleet_config import PoolConfig
 
 
 @dataclass

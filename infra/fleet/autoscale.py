@@ -34,7 +34,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from infra.fleet.fleet_config import ControllerConfig, PoolConfig
+from tide_fleet.infra.fleet.fleet_config import ControllerConfig, PoolConfig
 
 ARRIVAL_TAU_S = 60.0  # time constant of the smoothed arrival rate
 SERVICE_TAU_S = 120.0  # ... and of the learnt per-worker service rate

@@ -14,9 +14,9 @@ from typing import Any
 
 import redis
 
-from infra.fleet.actuator import ActuatedWorker
-from infra.fleet.fleet_config import FleetConfig, PoolConfig
-from infra.wire.heartbeats import Heartbeat, read_heartbeats
+from tide_fleet.infra.fleet.actuator import ActuatedWorker
+from tide_fleet.infra.fleet.fleet_config import FleetConfig, PoolConfig
+from tide_fleet.infra.wire.heartbeats import Heartbeat, read_heartbeats
 
 log = logging.getLogger("tide.controller")
 

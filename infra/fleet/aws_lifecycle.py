@@ -20,7 +20,7 @@ from typing import Any
 
 import httpx
 
-from infra.settings import Settings
+from tide_fleet.infra.settings import Settings
 
 log = logging.getLogger(__name__)
 

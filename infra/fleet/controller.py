@@ -19,9 +19,9 @@ from typing import Any
 
 import redis
 
-from infra.fleet import controller_metrics as m
-from infra.fleet.actuator import Actuator
-from infra.fleet.autoscale import (
+from tide_fleet.infra.fleet import controller_metrics as m
+from tide_fleet.infra.fleet.actuator import Actuator
+from tide_fleet.infra.fleet.autoscale import (
     Decision,
     PoolObservation,
     PoolState,
@@ -29,14 +29,14 @@ from infra.fleet.autoscale import (
     WorkerView,
     decide,
 )
-from infra.fleet.fleet_config import FleetConfig, PoolConfig
-from infra.fleet.reaper import run_reaper
-from infra.plan.planner import estimate_pool_tokens_per_s
-from infra.settings import Settings
-from infra.wire import fleet_status
-from infra.wire.backlog import read_lanes
-from infra.wire.heartbeats import Heartbeat, read_heartbeats
-from infra.wire.protocol import BUCKETS, Keys, backlog_field
+from tide_fleet.infra.fleet.fleet_config import FleetConfig, PoolConfig
+from tide_fleet.infra.fleet.reaper import run_reaper
+from tide_fleet.infra.plan.planner import estimate_pool_tokens_per_s
+from tide_fleet.infra.settings import Settings
+from tide_fleet.infra.wire import fleet_status
+from tide_fleet.infra.wire.backlog import read_lanes
+from tide_fleet.infra.wire.heartbeats import Heartbeat, read_heartbeats
+from tide_fleet.infra.wire.protocol import BUCKETS, Keys, backlog_field
 
 log = logging.getLogger("tide.controller")
 

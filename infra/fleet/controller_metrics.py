@@ -12,7 +12,7 @@ from typing import cast
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
-from infra.fleet.fleet_config import FleetConfig
+from tide_fleet.infra.fleet.fleet_config import FleetConfig
 
 registry = CollectorRegistry()
 DESIRED = Gauge(

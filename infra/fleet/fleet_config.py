@@ -52,9 +52,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from infra.plan.devices import get_device
-from infra.wire.models import ModelCatalog, served
-from infra.wire.protocol import BUCKETS
+from tide_fleet.infra.plan.devices import get_device
+from tide_fleet.infra.wire.models import ModelCatalog, served
+from tide_fleet.infra.wire.protocol import BUCKETS
 
 DEFAULT_FLEET_FILE = "fleet.toml"
 

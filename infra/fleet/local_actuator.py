@@ -16,11 +16,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from infra.fleet.actuator import ActuatedWorker
-from infra.fleet.fleet_config import FleetConfig, PoolConfig, model_key
-from infra.fleet.gpus import VISIBLE, visible_gpus
-from infra.fleet.supervisor import spawn
-from infra.settings import child_env, get_settings
+from tide_fleet.infra.fleet.actuator import ActuatedWorker
+from tide_fleet.infra.fleet.fleet_config import FleetConfig, PoolConfig, model_key
+from tide_fleet.infra.fleet.gpus import VISIBLE, visible_gpus
+from tide_fleet.infra.fleet.supervisor import spawn
+from tide_fleet.infra.settings import child_env, get_settings
 
 log = logging.getLogger("tide.controller")
 
@@ -109,7 +109,7 @@ class LocalActuator:
         self.launched += 1
         worker_id = f"{pool.name}-local-{self.run_id}-{self._seq}"
         argv = [
-            sys.executable, "-m", "infra.cli", "worker", "--pool", pool.name,
+            sys.executable, "-m", "tide_fleet.infra.cli", "worker", "--pool", pool.name,
             "--buckets", ",".join(pool.buckets), "--worker-id", worker_id,
             *self.worker_argv, *pool.worker_args,
         ]  # fmt: skip

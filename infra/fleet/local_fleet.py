@@ -13,13 +13,15 @@ from collections.abc import Callable
 
 import httpx
 
-from infra.fleet.controller import Controller
-from infra.fleet.fleet_config import FleetConfig, load_fleet, local_default_fleet
-from infra.fleet.local_actuator import LocalActuator
-from infra.fleet.redis_server import EmbeddedRedis
-from infra.fleet.supervisor import Supervisor, ThreadProc, spawn
-from infra.jobs.celery_app import use_broker
-from infra.settings import REDIS_URL_FILE, Settings, child_env, use_settings
+from tide_fleet.infra.fleet.controller import Controller
+from tide_fleet.infra.fleet.fleet_config import FleetConfig, load_fleet, local_default_fleet
+from tide_fleet.infra.fleet.local_actuator import LocalActuator
+from tide_fleet.infra.fleet.redis_server import EmbeddedRedis
+from tide_fleet.infra.fleet.supervisor import Supervisor, ThreadProc, spawn
+from tide_fleet.infra.jobs.celery_app import use_broker
+from tide_fleet.infra.settings import REDIS_URL_FILE, Settings, child_env, use_settings
+
+CELERY_APP = "tide_fleet.infra.jobs.celery_app:celery_app"
 
 
 class LocalFleet:
@@ -73,7 +75,7 @@ class LocalFleet:
             use_broker(settings.redis_url)
             env = child_env(settings)
             py = sys.executable
-            gateway = [py, "-m", "uvicorn", "gateway.app:app", "--host", a.host,
+            gateway = [py, "-m", "uvicorn", "tide_fleet.gateway.app:app", "--host", a.host,
                        "--port", str(a.port), "--log-level", "warning"]  # fmt: skip
             sup.add("gateway", self._spawner(gateway, env))
             sup.add("webhooks", self._spawner(celery_argv(), env))
@@ -149,7 +151,7 @@ class LocalFleet:
 def celery_argv() -> list[str]:
     """The Celery worker for webhooks and batch tasks (its pool and concurrency are in
     infra/jobs/celery_app.py)."""
-    return [sys.executable, "-m", "celery", "-A", "infra.jobs.celery_app:celery_app", "worker",
+    return [sys.executable, "-m", "celery", "-A", CELERY_APP, "worker",
             "-Q", "tide.webhooks,tide.batches", "--loglevel=WARNING", "--without-heartbeat",
             "--without-gossip", "--without-mingle"]  # fmt: skip
 

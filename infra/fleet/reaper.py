@@ -17,11 +17,11 @@ from collections.abc import Callable
 
 import redis
 
-from infra.batches.supervise import supervise_batches
-from infra.jobs.webhooks import enqueue_webhook
-from infra.settings import Settings
-from infra.wire.jobstore import JobStore
-from infra.wire.protocol import Keys
+from tide_fleet.infra.batches.supervise import supervise_batches
+from tide_fleet.infra.jobs.webhooks import enqueue_webhook
+from tide_fleet.infra.settings import Settings
+from tide_fleet.infra.wire.jobstore import JobStore
+from tide_fleet.infra.wire.protocol import Keys
 
 log = logging.getLogger(__name__)
 

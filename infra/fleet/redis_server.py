@@ -14,7 +14,7 @@ from pathlib import Path
 
 import redis
 
-from infra.fleet.supervisor import spawn
+from tide_fleet.infra.fleet.supervisor import spawn
 
 
 def redis_binary() -> str:

@@ -16,7 +16,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from infra.fleet.fleet_config import FleetConfig, PoolConfig, load_fleet
+from tide_fleet.infra.fleet.fleet_config import FleetConfig, PoolConfig, load_fleet
 
 # AWS's limits, and what user data can carry unquoted (see terraform/modules/worker_pool).
 NAME_PREFIX_RE = re.compile(r"^[a-z][a-z0-9-]{0,19}$")

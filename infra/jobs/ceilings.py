@@ -13,8 +13,8 @@ request from starving others; the ceiling bounds how large one may be at all.
 
 from __future__ import annotations
 
-from infra.jobs.errors import SubmissionError
-from infra.settings import Settings
+from tide_fleet.infra.jobs.errors import SubmissionError
+from tide_fleet.infra.settings import Settings
 
 
 def ceiling(settings: Settings, tenant: str) -> int:

@@ -2,14 +2,14 @@
 
 The pool is configured here, not on the command line: threads, so that an attempt
 waiting on a slow receiver holds one of ``WORKER_CONCURRENCY`` slots and nothing else
-(``infra.jobs.webhooks`` bounds how many one receiver may hold).
+(``tide_fleet.infra.jobs.webhooks`` bounds how many one receiver may hold).
 """
 
 from __future__ import annotations
 
 from celery import Celery
 
-from infra.settings import Settings, get_settings
+from tide_fleet.infra.settings import Settings, get_settings
 
 WEBHOOK_QUEUE = "tide.webhooks"
 BATCH_QUEUE = "tide.batches"
@@ -21,10 +21,10 @@ def make_celery(settings: Settings) -> Celery:
         "tide",
         broker=settings.redis_url,
         include=[
-            "infra.jobs.webhooks",
-            "infra.jobs.webhook_dispatcher",
-            "infra.batches.validate",
-            "infra.batches.finalize",
+            "tide_fleet.infra.jobs.webhooks",
+            "tide_fleet.infra.jobs.webhook_dispatcher",
+            "tide_fleet.infra.batches.validate",
+            "tide_fleet.infra.batches.finalize",
         ],
     )
     app.conf.update(

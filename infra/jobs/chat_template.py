@@ -17,7 +17,7 @@ from typing import Any
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from worker.models.tokenizer import Tokenizer
+from tide_fleet.worker.models.tokenizer import Tokenizer
 
 PROBE_NAME = "tide_probe_function_7c1f"
 PROBE_TOOL = {

@@ -9,9 +9,9 @@ from typing import Any
 
 import redis
 
-from infra.jobs.storage import Storage
-from infra.wire.codec import decode_hash
-from infra.wire.protocol import Keys
+from tide_fleet.infra.jobs.storage import Storage
+from tide_fleet.infra.wire.codec import decode_hash
+from tide_fleet.infra.wire.protocol import Keys
 
 LIST_READ = 500  # records read per round trip when listing
 

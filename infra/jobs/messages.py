@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from infra.jobs.fields import NonEmptyText, Text, encodable
+from tide_fleet.infra.jobs.fields import NonEmptyText, Text, encodable
 
 NAME_PATTERN = r"^[a-zA-Z0-9_-]{1,64}$"  # OpenAI's rule for function and schema names
 CONTENT_SCHEMA: dict[str, Any] = {

@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from infra.jobs.openai_logprobs import chat_logprobs, completion_logprobs
-from infra.jobs.tools import ToolRender
+from tide_fleet.infra.jobs.openai_logprobs import chat_logprobs, completion_logprobs
+from tide_fleet.infra.jobs.tools import ToolRender
 
 PIECEWISE_CHARS = 1 << 20  # a longer choices list is parsed one choice at a time
 

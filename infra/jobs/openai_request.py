@@ -12,14 +12,19 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from infra.jobs import chat_template, tools
-from infra.jobs.errors import SubmissionError, bad_request
-from infra.jobs.messages import NamedToolChoice
-from infra.jobs.request_checks import check_structured
-from infra.jobs.schemas import ChatCompletionCreate, CompletionCreate, JobCreate, OpenAIFields
-from infra.jobs.submission import ModelInfo
-from infra.wire.models import ModelCatalog
-from infra.wire.protocol import Priority
+from tide_fleet.infra.jobs import chat_template, tools
+from tide_fleet.infra.jobs.errors import SubmissionError, bad_request
+from tide_fleet.infra.jobs.messages import NamedToolChoice
+from tide_fleet.infra.jobs.request_checks import check_structured
+from tide_fleet.infra.jobs.schemas import (
+    ChatCompletionCreate,
+    CompletionCreate,
+    JobCreate,
+    OpenAIFields,
+)
+from tide_fleet.infra.jobs.submission import ModelInfo
+from tide_fleet.infra.wire.models import ModelCatalog
+from tide_fleet.infra.wire.protocol import Priority
 
 MAX_CHOICES = 128  # prompts x n in one request
 RECORDED = ("user", "safety_identifier", "prompt_cache_key")

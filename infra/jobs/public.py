@@ -11,8 +11,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from infra.jobs.openai_format import record_choices
-from infra.wire.protocol import JobStatus, Priority
+from tide_fleet.infra.jobs.openai_format import record_choices
+from tide_fleet.infra.wire.protocol import JobStatus, Priority
 
 
 class JobAccepted(BaseModel):

@@ -15,8 +15,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
-from infra.jobs.fields import NonEmptyText, Text
-from infra.jobs.messages import NAME_PATTERN
+from tide_fleet.infra.jobs.fields import NonEmptyText, Text
+from tide_fleet.infra.jobs.messages import NAME_PATTERN
 
 KIND_FIELDS = {"json_schema": "json_schema", "regex": "regex", "choice": "choice",
                "grammar": "grammar"}  # fmt: skip

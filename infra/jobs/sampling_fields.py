@@ -9,8 +9,8 @@ from typing import Annotated, Any
 from pydantic import BaseModel, BeforeValidator, Field, WithJsonSchema, field_validator
 from pydantic_core import PydanticCustomError
 
-from infra.jobs.fields import LOGIT_BIAS_SCHEMA, encodable, parse_logit_bias
-from infra.jobs.response_format import ResponseFormat
+from tide_fleet.infra.jobs.fields import LOGIT_BIAS_SCHEMA, encodable, parse_logit_bias
+from tide_fleet.infra.jobs.response_format import ResponseFormat
 
 STOP_MAX_COUNT = 8
 STOP_MAX_CHARS = 256

@@ -28,7 +28,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from infra.jobs.fields import (
+from tide_fleet.infra.jobs.fields import (
     METADATA_DOC,
     METADATA_MAX_KEYS,
     PROMPT_SCHEMA,
@@ -40,10 +40,10 @@ from infra.jobs.fields import (
     refused_field,
     single_prompt,
 )
-from infra.jobs.messages import ChatMessage, Tool, ToolChoice
-from infra.jobs.sampling_fields import SamplingFields
-from infra.wire.protocol import Priority
-from worker.engine.structured import as_structured
+from tide_fleet.infra.jobs.messages import ChatMessage, Tool, ToolChoice
+from tide_fleet.infra.jobs.sampling_fields import SamplingFields
+from tide_fleet.infra.wire.protocol import Priority
+from tide_fleet.worker.engine.structured import as_structured
 
 
 class WebhookSpec(BaseModel):

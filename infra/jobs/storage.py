@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import IO, Protocol
 from urllib.parse import urlsplit
 
-from infra.settings import Settings
+from tide_fleet.infra.settings import Settings
 
 CHUNK = 1 << 20
 

@@ -14,17 +14,17 @@ from typing import Any
 import jinja2
 from tokenizers import Tokenizer as HFTokenizer
 
-from infra.jobs import chat_template
-from infra.jobs.ceilings import check_work
-from infra.jobs.errors import SubmissionError as SubmissionError
-from infra.jobs.messages import ChatMessage
-from infra.jobs.request_checks import check_sampling, check_token_ids
-from infra.jobs.schemas import JobCreate
-from infra.settings import Settings
-from infra.wire import queues
-from infra.wire.jobstore import NewJob, new_job_id
-from infra.wire.models import ServedModel
-from infra.wire.protocol import (
+from tide_fleet.infra.jobs import chat_template
+from tide_fleet.infra.jobs.ceilings import check_work
+from tide_fleet.infra.jobs.errors import SubmissionError as SubmissionError
+from tide_fleet.infra.jobs.messages import ChatMessage
+from tide_fleet.infra.jobs.request_checks import check_sampling, check_token_ids
+from tide_fleet.infra.jobs.schemas import JobCreate
+from tide_fleet.infra.settings import Settings
+from tide_fleet.infra.wire import queues
+from tide_fleet.infra.wire.jobstore import NewJob, new_job_id
+from tide_fleet.infra.wire.models import ServedModel
+from tide_fleet.infra.wire.protocol import (
     JobMessage,
     JobStatus,
     Priority,
@@ -32,9 +32,9 @@ from infra.wire.protocol import (
     bucket_for,
     queue_name,
 )
-from worker.models.config import ModelConfig
-from worker.models.registry import model_folder
-from worker.models.tokenizer import Tokenizer
+from tide_fleet.worker.models.config import ModelConfig
+from tide_fleet.worker.models.registry import model_folder
+from tide_fleet.worker.models.tokenizer import Tokenizer
 
 RETRY_AFTER = {"tenant_full": "5", "queue_full": "5", "rate": "1"}
 LIMIT_CODES = {"tenant_full": "tenant_queue_full", "queue_full": "queue_full",

@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from infra.jobs.messages import NamedToolChoice, Tool
+from tide_fleet.infra.jobs.messages import NamedToolChoice, Tool
 
 WRAPPED = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
 OPENERS = ("{", "[", "<tool_call>")

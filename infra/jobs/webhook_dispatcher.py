@@ -17,9 +17,9 @@ import redis
 from celery.signals import worker_ready, worker_shutdown
 from kombu.exceptions import OperationalError
 
-from infra.jobs.celery_app import WEBHOOK_QUEUE
-from infra.jobs.webhook_store import Delivery, WebhookStore
-from infra.jobs.webhooks import default_store, deliver_webhook
+from tide_fleet.infra.jobs.celery_app import WEBHOOK_QUEUE
+from tide_fleet.infra.jobs.webhook_store import Delivery, WebhookStore
+from tide_fleet.infra.jobs.webhooks import default_store, deliver_webhook
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import redis
 
-from infra.wire.protocol import Keys
+from tide_fleet.infra.wire.protocol import Keys
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,8 @@
 """Signed webhook delivery (Standard Webhooks): one attempt per Celery task.
 
 ``enqueue_webhook`` writes the event to the delivery schedule in Redis
-(``infra.jobs.webhook_store``); the dispatcher in each Celery worker
-(``infra.jobs.webhook_dispatcher``) sends due deliveries here. An attempt's outcome is
+(``tide_fleet.infra.jobs.webhook_store``); the dispatcher in each Celery worker
+(``tide_fleet.infra.jobs.webhook_dispatcher``) sends due deliveries here. An attempt's outcome is
 decided by ``infra.jobs.webhook_policy`` and written back as the next due time, so retries
 are never broker ETA messages. The same ``webhook-id`` is sent on every attempt of one
 event, so receivers can deduplicate; attempts and the last outcome are on the job.
@@ -30,12 +30,12 @@ import httpx
 import redis
 from standardwebhooks import Webhook
 
-from infra.jobs.celery_app import celery_app
-from infra.jobs.public import job_public, public_batch
-from infra.jobs.webhook_policy import Decision, Verdict, decide
-from infra.jobs.webhook_store import Delivery, WebhookStore
-from infra.settings import Settings, get_settings
-from infra.wire.protocol import Keys
+from tide_fleet.infra.jobs.celery_app import celery_app
+from tide_fleet.infra.jobs.public import job_public, public_batch
+from tide_fleet.infra.jobs.webhook_policy import Decision, Verdict, decide
+from tide_fleet.infra.jobs.webhook_store import Delivery, WebhookStore
+from tide_fleet.infra.settings import Settings, get_settings
+from tide_fleet.infra.wire.protocol import Keys
 
 log = logging.getLogger(__name__)
 

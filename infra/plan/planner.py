@@ -11,8 +11,8 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from infra.plan.devices import DeviceSpec, GiB, get_device
-from infra.plan.model_shape import (
+from tide_fleet.infra.plan.devices import DeviceSpec, GiB, get_device
+from tide_fleet.infra.plan.model_shape import (
     PRESETS,
     ModelShape,
     ShapeError,
@@ -20,7 +20,12 @@ from infra.plan.model_shape import (
     kv_bytes,
     load_shape,
 )
-from infra.plan.roofline import ModelCost, decode_step_seconds, peak_flops, saturation_batch
+from tide_fleet.infra.plan.roofline import (
+    ModelCost,
+    decode_step_seconds,
+    peak_flops,
+    saturation_batch,
+)
 
 __all__ = [
     "PRESETS",

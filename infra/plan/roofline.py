@@ -19,8 +19,14 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from infra.plan.devices import DeviceSpec
-from infra.plan.model_shape import Dims, ModelShape, dtype_bytes, kv_bytes, projection_parameters
+from tide_fleet.infra.plan.devices import DeviceSpec
+from tide_fleet.infra.plan.model_shape import (
+    Dims,
+    ModelShape,
+    dtype_bytes,
+    kv_bytes,
+    projection_parameters,
+)
 
 
 def peak_flops(device: DeviceSpec, weight_dtype: str) -> float:

@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
-from infra.fleet.fleet_config import FleetConfig
-from infra.sim.policies import (
+from tide_fleet.infra.fleet.fleet_config import FleetConfig
+from tide_fleet.infra.sim.policies import (
     POLICIES,
     KedaConfig,
     ListLengthPolicy,
@@ -12,10 +12,10 @@ from infra.sim.policies import (
     TidePolicy,
     peak_hour_counts,
 )
-from infra.sim.results import PolicyResult
-from infra.sim.service_model import ServiceModel, service_models
-from infra.sim.simulation import Policy, SimConfig, Simulation
-from infra.sim.traces import Job
+from tide_fleet.infra.sim.results import PolicyResult
+from tide_fleet.infra.sim.service_model import ServiceModel, service_models
+from tide_fleet.infra.sim.simulation import Policy, SimConfig, Simulation
+from tide_fleet.infra.sim.traces import Job
 
 
 def simulate(

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from infra.fleet.fleet_config import FleetConfig, model_key
-from infra.settings import get_settings
-from infra.wire.models import ServedModel
-from infra.wire.protocol import bucket_for
+from tide_fleet.infra.fleet.fleet_config import FleetConfig, model_key
+from tide_fleet.infra.settings import get_settings
+from tide_fleet.infra.wire.models import ServedModel
+from tide_fleet.infra.wire.protocol import bucket_for
 
 UNNAMED = "default"  # the report's name for the model of pools with no served_name or model
 

@@ -9,13 +9,19 @@ import math
 from collections import deque
 from dataclasses import dataclass
 
-from infra.fleet.autoscale import PoolObservation, PoolState, RateTracker, WorkerView, decide
-from infra.fleet.controller import estimated_rate
-from infra.fleet.fleet_config import FleetConfig
-from infra.sim.routing import Routing
-from infra.sim.service_model import ServiceModel
-from infra.sim.simulation import SimConfig, Simulation
-from infra.sim.traces import Job
+from tide_fleet.infra.fleet.autoscale import (
+    PoolObservation,
+    PoolState,
+    RateTracker,
+    WorkerView,
+    decide,
+)
+from tide_fleet.infra.fleet.controller import estimated_rate
+from tide_fleet.infra.fleet.fleet_config import FleetConfig
+from tide_fleet.infra.sim.routing import Routing
+from tide_fleet.infra.sim.service_model import ServiceModel
+from tide_fleet.infra.sim.simulation import SimConfig, Simulation
+from tide_fleet.infra.sim.traces import Job
 
 POLICIES = ("tide", "list_length", "static_peak")
 

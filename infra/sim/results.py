@@ -6,10 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from infra.sim.routing import Routing
-from infra.sim.traces import Job
-from infra.sim.worker import SimWorker
-from infra.stats import percentile
+from tide_fleet.infra.sim.routing import Routing
+from tide_fleet.infra.sim.traces import Job
+from tide_fleet.infra.sim.worker import SimWorker
+from tide_fleet.infra.stats import percentile
 
 
 @dataclass(frozen=True)

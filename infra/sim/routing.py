@@ -10,10 +10,10 @@ so a one-model fleet's queues are its buckets, as before models had names.
 
 from __future__ import annotations
 
-from infra.fleet.fleet_config import FleetConfig, PoolConfig, model_key
-from infra.sim.models import FleetModels
-from infra.sim.traces import Job
-from infra.wire.protocol import BUCKETS, backlog_field
+from tide_fleet.infra.fleet.fleet_config import FleetConfig, PoolConfig, model_key
+from tide_fleet.infra.sim.models import FleetModels
+from tide_fleet.infra.sim.traces import Job
+from tide_fleet.infra.wire.protocol import BUCKETS, backlog_field
 
 
 class Routing:

@@ -10,11 +10,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from infra.fleet.fleet_config import FleetConfig, PoolConfig
-from infra.plan.devices import get_device
-from infra.plan.planner import PlanError, load_shape, plan
-from infra.plan.roofline import DevicePeaks, ModelCost
-from infra.sim.traces import Job
+from tide_fleet.infra.fleet.fleet_config import FleetConfig, PoolConfig
+from tide_fleet.infra.plan.devices import get_device
+from tide_fleet.infra.plan.planner import PlanError, load_shape, plan
+from tide_fleet.infra.plan.roofline import DevicePeaks, ModelCost
+from tide_fleet.infra.sim.traces import Job
 
 DEFAULT_MODEL = "llama-3-8b"  # a planner preset: what pools without `model` are taken to serve
 EFFICIENCY = 0.6  # of the roofline, as the planner's estimate_pool_tokens_per_s takes it

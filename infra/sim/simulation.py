@@ -19,12 +19,12 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Protocol
 
-from infra.fleet.fleet_config import FleetConfig, PoolConfig
-from infra.sim.results import PolicyResult, measure
-from infra.sim.routing import Routing
-from infra.sim.service_model import ServiceModel
-from infra.sim.traces import Job
-from infra.sim.worker import SimWorker
+from tide_fleet.infra.fleet.fleet_config import FleetConfig, PoolConfig
+from tide_fleet.infra.sim.results import PolicyResult, measure
+from tide_fleet.infra.sim.routing import Routing
+from tide_fleet.infra.sim.service_model import ServiceModel
+from tide_fleet.infra.sim.traces import Job
+from tide_fleet.infra.sim.worker import SimWorker
 
 _FINISH, _READY = 0, 1
 

@@ -11,10 +11,10 @@ from typing import Any
 
 import numpy as np
 
-from infra.settings import get_settings
-from infra.sim.models import FleetModels, SimModel
-from infra.traces import TraceError, read_job_trace
-from infra.wire.protocol import bucket_for
+from tide_fleet.infra.settings import get_settings
+from tide_fleet.infra.sim.models import FleetModels, SimModel
+from tide_fleet.infra.traces import TraceError, read_job_trace
+from tide_fleet.infra.wire.protocol import bucket_for
 
 TRACES = ("diurnal", "mixed")
 

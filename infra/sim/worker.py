@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import math
 
-from infra.fleet.fleet_config import PoolConfig
-from infra.sim.service_model import ServiceModel
-from infra.sim.traces import Job
+from tide_fleet.infra.fleet.fleet_config import PoolConfig
+from tide_fleet.infra.sim.service_model import ServiceModel
+from tide_fleet.infra.sim.traces import Job
 
 
 class SimWorker:

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from infra.wire.protocol import BUCKETS, Keys, backlog_field
+from tide_fleet.infra.wire.protocol import BUCKETS, Keys, backlog_field
 
 
 @dataclass(frozen=True)

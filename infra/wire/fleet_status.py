@@ -16,7 +16,7 @@ import json
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from infra.wire.protocol import Keys
+from tide_fleet.infra.wire.protocol import Keys
 
 DECISIONS_KEPT = 50
 HISTORY_KEPT = 600  # samples: 10 minutes at `tide up`'s 1 s poll, 50 at the default 5 s

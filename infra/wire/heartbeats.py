@@ -18,8 +18,8 @@ from typing import cast
 import redis
 import redis.asyncio as aredis
 
-from infra.wire.codec import decode_hash, encode_value
-from infra.wire.protocol import Keys
+from tide_fleet.infra.wire.codec import decode_hash, encode_value
+from tide_fleet.infra.wire.protocol import Keys
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""The job record's transitions, one Lua script each; ``infra.wire.jobstore`` calls them.
+"""The job record's transitions, one Lua script each; ``tide_fleet.infra.wire.jobstore`` calls them.
 
 Lease fields on a job record: ``lease_token`` and ``lease_owner`` (the current holder),
 ``started_lease`` (the token of the lease under which computation began: that lease is

@@ -3,9 +3,9 @@
 A job is completed only by the holder of its current lease; a late completion from a
 stale holder is dropped. An attempt is charged only when computation starts
 (``mark_started``), so a worker killed while merely holding jobs costs them nothing.
-Queue messages (kombu's Redis format, see ``infra.wire.queues``) are pushed in the same
+Queue messages (kombu's Redis format, see ``tide_fleet.infra.wire.queues``) are pushed in the same
 script as the record changes, so accepted work is never half-written. The scripts
-themselves are in ``infra.wire.job_scripts``.
+themselves are in ``tide_fleet.infra.wire.job_scripts``.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from typing import Any
 
 import redis
 
-from infra.wire import job_scripts as lua
-from infra.wire.codec import decode_hash, encode_value
-from infra.wire.protocol import BUCKETS, JobStatus, Keys, parse_queue
-from infra.wire.queues import UNACKED, UNACKED_INDEX
+from tide_fleet.infra.wire import job_scripts as lua
+from tide_fleet.infra.wire.codec import decode_hash, encode_value
+from tide_fleet.infra.wire.protocol import BUCKETS, JobStatus, Keys, parse_queue
+from tide_fleet.infra.wire.queues import UNACKED, UNACKED_INDEX
 
 # A job lost this many times max_attempts before it ever started fails: a poison job can
 # kill its worker before the start mark is written.

@@ -15,8 +15,8 @@ import json
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from infra.settings import Settings
-from infra.wire.protocol import bucket_for, check_lane
+from tide_fleet.infra.settings import Settings
+from tide_fleet.infra.wire.protocol import bucket_for, check_lane
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from infra.wire.protocol import JobMessage, Keys
+from tide_fleet.infra.wire.protocol import JobMessage, Keys
 
 # kombu's Redis transport defaults: taken, unacknowledged messages (tag -> message) and
 # their take times. Workers write them here; ``JobStore.restore_stranded`` reads them.

@@ -21,9 +21,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from infra.fleet.local_fleet import wait_ready
-from infra.fleet.redis_server import free_port
 from tests.conftest import ROOT, STORIES
+from tide_fleet.infra.fleet.local_fleet import wait_ready
+from tide_fleet.infra.fleet.redis_server import free_port
 
 KEYS = {"key-a": "tenant-a", "key-b": "tenant-b", "key-op": "ops"}
 ADMIN_KEYS = ["key-op"]
@@ -86,7 +86,7 @@ class ConsoleFleet:
             "OMP_NUM_THREADS": "1",
         }
         env.pop("REDIS_URL", None)
-        argv = [sys.executable, "-m", "infra.cli", "up", "--fleet", str(fleet_file),
+        argv = [sys.executable, "-m", "tide_fleet.infra.cli", "up", "--fleet", str(fleet_file),
                 "--port", str(self.port), "--model", str(self.model),
                 "--data-dir", str(self.tmp / "data"), "--dtype", "float32",
                 "--max-num-seqs", "4"]  # fmt: skip

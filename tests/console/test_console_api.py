@@ -9,12 +9,12 @@ import time
 import pytest
 from fastapi.testclient import TestClient
 
-from gateway.app import create_app
-from infra.batches.store import BatchStore
-from infra.settings import Settings
-from infra.wire import fleet_status
-from infra.wire.heartbeats import Heartbeat
-from infra.wire.protocol import Keys
+from tide_fleet.gateway.app import create_app
+from tide_fleet.infra.batches.store import BatchStore
+from tide_fleet.infra.settings import Settings
+from tide_fleet.infra.wire import fleet_status
+from tide_fleet.infra.wire.heartbeats import Heartbeat
+from tide_fleet.infra.wire.protocol import Keys
 
 KEYS = {"key-a": "tenant-a", "key-b": "tenant-b"}
 A, B = {"Authorization": "Bearer key-a"}, {"Authorization": "Bearer key-b"}

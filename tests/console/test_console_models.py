@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from infra.wire.heartbeats import Heartbeat
-from infra.wire.protocol import Keys
 from tests.console.test_console_api import OP, A, B, make
+from tide_fleet.infra.wire.heartbeats import Heartbeat
+from tide_fleet.infra.wire.protocol import Keys
 
 
 @pytest.fixture

@@ -10,8 +10,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from pytest import approx
 
-from gateway.console.rates import ArrivalRates
-from gateway.console.worker_stats import EngineStats, WorkerScraper, parse_metrics
+from tide_fleet.gateway.console.rates import ArrivalRates
+from tide_fleet.gateway.console.worker_stats import EngineStats, WorkerScraper, parse_metrics
 
 
 def _metrics_text() -> bytes:

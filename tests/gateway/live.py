@@ -15,12 +15,12 @@ from typing import Any
 import redis
 import uvicorn
 
-from gateway.app import create_app
-from infra.fleet.redis_server import free_port
-from infra.settings import Settings
-from infra.wire import queues
-from infra.wire.jobstore import JobStore
-from infra.wire.protocol import BUCKETS, JobStatus, Keys, Priority, queue_name
+from tide_fleet.gateway.app import create_app
+from tide_fleet.infra.fleet.redis_server import free_port
+from tide_fleet.infra.settings import Settings
+from tide_fleet.infra.wire import queues
+from tide_fleet.infra.wire.jobstore import JobStore
+from tide_fleet.infra.wire.protocol import BUCKETS, JobStatus, Keys, Priority, queue_name
 
 KEYS = {"key-a": "tenant-a"}
 
@@ -153,7 +153,7 @@ def real_worker(redis_url: str, model: str, engine: Any, timeout: float = 60) ->
     thread) behind it; yields the official openai client against the gateway."""
     import openai
 
-    from worker.service import WorkerService
+    from tide_fleet.worker.service import WorkerService
 
     settings = Settings(redis_url=redis_url, model=model, worker_metrics_port=-1)
     worker = WorkerService(engine, settings, "p", ["short", "medium", "long"])

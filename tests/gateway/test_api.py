@@ -8,9 +8,9 @@ import shutil
 import pytest
 from fastapi.testclient import TestClient
 
-from gateway.app import create_app
-from infra.settings import Settings
-from infra.wire.protocol import Keys
+from tide_fleet.gateway.app import create_app
+from tide_fleet.infra.settings import Settings
+from tide_fleet.infra.wire.protocol import Keys
 
 KEYS = {"key-a": "tenant-a", "key-b": "tenant-b"}
 A = {"Authorization": "Bearer key-a"}
@@ -188,7 +188,7 @@ def test_chat_without_a_template_is_a_clear_400(redis_server, redis_client, tiny
 
 
 def test_redis_down_is_a_503_with_retry_after_not_a_500(tiny_path):
-    from infra.fleet.redis_server import free_port
+    from tide_fleet.infra.fleet.redis_server import free_port
 
     dead = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens here
     settings = Settings(redis_url=dead, model=str(tiny_path))
@@ -202,7 +202,7 @@ def test_redis_down_is_a_503_with_retry_after_not_a_500(tiny_path):
 def test_connection_pool_waits_for_a_free_connection_then_gives_up(redis_server):
     import asyncio
 
-    from gateway.app import _async_pool
+    from tide_fleet.gateway.app import _async_pool
 
     settings = Settings(
         redis_url=redis_server.url, gateway_redis_connections=8, gateway_redis_wait_seconds=0.3

@@ -8,9 +8,9 @@ import json
 
 import redis.asyncio as aredis
 
-from gateway.events import job_events, many_job_events
-from infra.wire.codec import decode_hash
-from infra.wire.protocol import Keys
+from tide_fleet.gateway.events import job_events, many_job_events
+from tide_fleet.infra.wire.codec import decode_hash
+from tide_fleet.infra.wire.protocol import Keys
 
 
 class State:

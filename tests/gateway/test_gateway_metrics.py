@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from fastapi.testclient import TestClient
 
-from gateway.app import create_app
-from infra.doctor.scrape import Scrape
-from infra.settings import Settings
+from tide_fleet.gateway.app import create_app
+from tide_fleet.infra.doctor.scrape import Scrape
+from tide_fleet.infra.settings import Settings
 
 A = {"Authorization": "Bearer key-a"}
 
@@ -81,8 +81,8 @@ def test_backlog_per_bucket_is_read_at_scrape_time(redis_server, redis_client, t
 def test_backlog_series_are_labelled_by_model_and_bucket():
     from prometheus_client import CollectorRegistry, generate_latest
 
-    from gateway.metrics import BacklogCollector
-    from infra.wire.backlog import BucketBacklog
+    from tide_fleet.gateway.metrics import BacklogCollector
+    from tide_fleet.infra.wire.backlog import BucketBacklog
 
     collector, registry = BacklogCollector(), CollectorRegistry()
     registry.register(collector)

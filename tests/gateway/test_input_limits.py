@@ -11,8 +11,8 @@ from fnmatch import fnmatchcase
 
 import pytest
 
-from infra.wire.protocol import Keys
 from tests.gateway.test_api import A, make_client, queued_messages
+from tide_fleet.infra.wire.protocol import Keys
 
 pytestmark = pytest.mark.timeout(60)  # a request that waits for a worker fails, not hangs
 

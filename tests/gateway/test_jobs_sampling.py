@@ -8,10 +8,10 @@ import json
 
 import pytest
 
-from infra.wire.jobstore import JobStore
-from infra.wire.protocol import JobStatus, Keys
 from tests.gateway.live import entry
 from tests.gateway.test_api import A, make_client
+from tide_fleet.infra.wire.jobstore import JobStore
+from tide_fleet.infra.wire.protocol import JobStatus, Keys
 
 
 @pytest.fixture

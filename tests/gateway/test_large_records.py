@@ -15,12 +15,12 @@ import time
 import httpx
 import pytest
 
-from infra.fleet.redis_server import free_port
-from infra.wire import queues
-from infra.wire.jobstore import JobStore
-from infra.wire.protocol import BUCKETS, Priority, queue_name
 from tests.conftest import ROOT
 from tests.gateway.live import KEYS, Answer, FakeWorker
+from tide_fleet.infra.fleet.redis_server import free_port
+from tide_fleet.infra.wire import queues
+from tide_fleet.infra.wire.jobstore import JobStore
+from tide_fleet.infra.wire.protocol import BUCKETS, Priority, queue_name
 
 AUTH = {"Authorization": "Bearer key-a"}
 TOKENS = 509
@@ -33,7 +33,7 @@ def gateway(redis_server, redis_client, tiny_path, tmp_path):  # type: ignore[no
            "TIDE_MODEL": str(tiny_path), "TIDE_API_KEYS": json.dumps(KEYS)}  # fmt: skip
     with open(tmp_path / "gateway.log", "wb") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "gateway.app:app", "--port", str(port),
+            [sys.executable, "-m", "uvicorn", "tide_fleet.gateway.app:app", "--port", str(port),
              "--log-level", "warning"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
         )  # fmt: skip
     url = f"http://127.0.0.1:{port}"

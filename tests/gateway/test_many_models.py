@@ -10,8 +10,8 @@ import openai
 import pytest
 import redis
 
-from infra.wire.protocol import queue_name
 from tests.gateway.live import live_fleet
+from tide_fleet.infra.wire.protocol import queue_name
 
 AUTH = {"Authorization": "Bearer key-a"}
 

@@ -10,6 +10,6 @@ from tests.conftest import ROOT
 
 
 def test_importing_the_gateway_loads_no_torch():
-    code = "import sys, gateway.app; sys.exit('torch' in sys.modules)"
+    code = "import sys, tide_fleet.gateway.app; sys.exit('torch' in sys.modules)"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     assert subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env).returncode == 0

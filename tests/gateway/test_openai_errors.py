@@ -10,9 +10,9 @@ import time
 import openai
 import pytest
 
-from infra.wire.heartbeats import Heartbeat
-from infra.wire.protocol import JobStatus, Keys
 from tests.gateway.live import Answer, live_fleet
+from tide_fleet.infra.wire.heartbeats import Heartbeat
+from tide_fleet.infra.wire.protocol import JobStatus, Keys
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -6,9 +6,9 @@ import threading
 
 import pytest
 
-from infra.wire.protocol import Keys
 from tests.conftest import wait_for
 from tests.gateway.test_api import A, make_client
+from tide_fleet.infra.wire.protocol import Keys
 
 pytestmark = pytest.mark.timeout(60)  # a request that waits for a worker fails, not hangs
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import time
 
-from infra.wire.protocol import Keys
 from tests.gateway.test_api import make_client
+from tide_fleet.infra.wire.protocol import Keys
 
 
 def heartbeat(r, worker_id: str, pool: str, draining: bool = False, ttl: int = 30) -> None:  # type: ignore[no-untyped-def]
@@ -68,9 +68,9 @@ def test_only_draining_workers_are_not_ready_when_workers_are_required(
 def test_redis_down_is_not_ready(tiny_path):
     from fastapi.testclient import TestClient
 
-    from gateway.app import create_app
-    from infra.fleet.redis_server import free_port
-    from infra.settings import Settings
+    from tide_fleet.gateway.app import create_app
+    from tide_fleet.infra.fleet.redis_server import free_port
+    from tide_fleet.infra.settings import Settings
 
     settings = Settings(redis_url=f"redis://127.0.0.1:{free_port()}/0", model=str(tiny_path))
     with TestClient(create_app(settings)) as c:

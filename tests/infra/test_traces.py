@@ -7,7 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from infra.traces import JobRow, RequestRow, TraceError, read_job_trace, read_request_trace
+from tide_fleet.infra.traces import (
+    JobRow,
+    RequestRow,
+    TraceError,
+    read_job_trace,
+    read_request_trace,
+)
 
 
 def _trace(tmp_path: Path, lines: list[str]) -> Path:

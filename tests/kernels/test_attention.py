@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import cpu as cpu_kernels
-from kernels import paged_attention, set_attention_backend, write_kv_cache
-from worker.engine.config import EngineConfig
-from worker.engine.scheduler import ScheduledRequest
-from worker.engine.step_inputs import build_step_inputs
+from tide_fleet.kernels import cpu as cpu_kernels
+from tide_fleet.kernels import paged_attention, set_attention_backend, write_kv_cache
+from tide_fleet.worker.engine.config import EngineConfig
+from tide_fleet.worker.engine.scheduler import ScheduledRequest
+from tide_fleet.worker.engine.step_inputs import build_step_inputs
 
 
 def dense_reference(q, k, v, scale):
@@ -89,7 +89,7 @@ def test_engine_config_rejects_bad_values():
 
 def test_auto_falls_back_to_torch_where_the_triton_kernels_cannot_take_the_shape():
     # stories260K (head_dim 8) on a GPU: auto must not pick kernels that refuse the shape.
-    from kernels.attention import resolve_backend
+    from tide_fleet.kernels.attention import resolve_backend
 
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
     assert resolve_backend("auto", cuda, block_size=16, head_dim=128) == "auto"  # triton

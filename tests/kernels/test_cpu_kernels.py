@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import cpu as cpu_kernels
+from tide_fleet.kernels import cpu as cpu_kernels
 
 ops = cpu_kernels.ops()
 pytestmark = pytest.mark.skipif(ops is None, reason="native CPU kernels could not be built here")
@@ -169,7 +169,7 @@ def test_gemv_rejects_bad_shapes():
 
 
 def test_linear_small_and_large_batches_agree_with_f_linear():
-    from kernels.linear import Linear
+    from tide_fleet.kernels.linear import Linear
 
     gen = torch.Generator().manual_seed(3)
     w = torch.randn(96, 64, generator=gen).to(torch.bfloat16)
@@ -222,7 +222,7 @@ def test_silu_mul(dtype, inter):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("hd", [16, 48, 64, 128])  # 16 lanes per half from 32 up, a tail at 48
 def test_rotary_in_place_touches_only_the_rotated_heads(dtype, hd):
-    from worker.models.rope import RotaryEmbedding, apply_rotary
+    from tide_fleet.worker.models.rope import RotaryEmbedding, apply_rotary
 
     heads, extra = 3, 2
     rope = RotaryEmbedding(hd, 64, 10000.0, None, dtype, torch.device("cpu"))
@@ -254,7 +254,7 @@ class RecordingOps:
 def test_one_call_decode_step_equals_the_op_by_op_loop(tiny_path):
     """tide::decode_layers runs the same kernels as LlamaModel._forward_native's loop."""
     from tests.conftest import assert_same_run, make_engine, record_logits
-    from worker.engine import SamplingParams
+    from tide_fleet.worker.engine import SamplingParams
 
     def run(one_call: bool):
         engine = make_engine(tiny_path, dtype="bfloat16", num_kv_blocks=64)
@@ -276,9 +276,9 @@ def test_one_call_decode_step_equals_the_op_by_op_loop(tiny_path):
 
 @needs_gemv
 def test_forced_attention_backend_bypasses_the_one_call_step(tiny_path):
-    from kernels import set_attention_backend
     from tests.conftest import make_engine
-    from worker.engine import SamplingParams
+    from tide_fleet.kernels import set_attention_backend
+    from tide_fleet.worker.engine import SamplingParams
 
     engine = make_engine(tiny_path, dtype="bfloat16", num_kv_blocks=64, attention_backend="torch")
     try:

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import cpu as cpu_kernels
-from kernels.linear import Linear
+from tide_fleet.kernels import cpu as cpu_kernels
+from tide_fleet.kernels.linear import Linear
 
 ops = cpu_kernels.ops()
 pytestmark = pytest.mark.skipif(
@@ -62,7 +62,7 @@ def test_bf16_steps_take_the_fused_gate_up(tiny_path, one_call):
     from torch.profiler import ProfilerActivity, profile
 
     from tests.conftest import make_engine
-    from worker.engine import SamplingParams
+    from tide_fleet.worker.engine import SamplingParams
 
     engine = make_engine(tiny_path, dtype="bfloat16", num_kv_blocks=64, max_num_seqs=8)
     model = engine.runner.model

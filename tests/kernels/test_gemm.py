@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import cpu as cpu_kernels
+from tide_fleet.kernels import cpu as cpu_kernels
 
 ops = cpu_kernels.ops()
 pytestmark = pytest.mark.skipif(
@@ -56,7 +56,7 @@ def test_gemm_rejects_bad_shapes():
 
 
 def test_linear_takes_the_gemm_past_the_gemv_with_one_weight_copy():
-    from kernels.linear import Linear
+    from tide_fleet.kernels.linear import Linear
 
     gen = torch.Generator().manual_seed(9)
     w = torch.randn(96, 64, generator=gen).to(torch.bfloat16)

@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import cpu as cpu_kernels
-from kernels.linear import Linear
+from tide_fleet.kernels import cpu as cpu_kernels
+from tide_fleet.kernels.linear import Linear
 
 ops = cpu_kernels.ops()
 pytestmark = pytest.mark.skipif(

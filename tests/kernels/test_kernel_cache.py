@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from kernels import cpu as cpu_kernels
+from tide_fleet.kernels import cpu as cpu_kernels
 
 REPO = Path(__file__).resolve().parents[2]
 LOAD = "from kernels import cpu; assert cpu.ops() is not None, 'kernels not loaded'"
 HOLD = (
-    "import sys, time; from pathlib import Path; from kernels.build_lock import held\n"
+    "import sys, time; from pathlib import Path; from tide_fleet.kernels.build_lock import held\n"
     "with held(Path(sys.argv[1]), wait_s=0):\n"
     "    print('held', flush=True); time.sleep(120)\n"
 )

@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import cpu as cpu_kernels
-from kernels import set_attention_backend, write_kv_cache
-from kernels import torch_attention as ta
-from kernels.attention_metadata import DecodeGroup
 from tests.kernels.test_attention import dense_reference
+from tide_fleet.kernels import cpu as cpu_kernels
+from tide_fleet.kernels import set_attention_backend, write_kv_cache
+from tide_fleet.kernels import torch_attention as ta
+from tide_fleet.kernels.attention_metadata import DecodeGroup
 
 GUARD = 4096  # elements either side of the cache, so a stray write lands somewhere we can see
 
@@ -56,7 +56,7 @@ def test_kv_write_skips_padding_slots(backend):
 
 def _decode(backend, query, k_cache, v_cache, tables, context, scale):
     if backend == "triton":
-        from kernels import triton_attention
+        from tide_fleet.kernels import triton_attention
 
         return triton_attention.decode_attention(
             query, k_cache, v_cache, tables, context, scale, int(context.max())

@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import cpu as cpu_kernels
-from kernels import linear
-from kernels.linear import Linear, packed_row_buckets, packed_rows
+from tide_fleet.kernels import cpu as cpu_kernels
+from tide_fleet.kernels import linear
+from tide_fleet.kernels.linear import Linear, packed_row_buckets, packed_rows
 
 
 @pytest.fixture
@@ -125,7 +125,7 @@ def test_steps_padded_once_in_the_model_equal_projections_padded_each(tiny_path,
     0, never attended) instead of each projection padding its input: the logits and tokens
     are bit for bit those of the per-projection padding."""
     from tests.conftest import assert_same_run, make_engine, record_logits
-    from worker.engine import SamplingParams
+    from tide_fleet.worker.engine import SamplingParams
 
     def run(pad_once: bool):
         engine = make_engine(tiny_path, dtype=dtype, num_kv_blocks=64)

@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import cpu as cpu_kernels
 from tests.kernels.test_prefill_native import FLAGS, attention_pass, reference  # noqa: F401
+from tide_fleet.kernels import cpu as cpu_kernels
 
 pytestmark = pytest.mark.skipif("avx512_bf16" not in FLAGS, reason="this CPU has no AVX-512 BF16")
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import cpu as cpu_kernels
-from kernels.linear import _packed_linear_works
 from tests.conftest import assert_same_run, make_engine, record_logits
-from worker.engine import SamplingParams
+from tide_fleet.kernels import cpu as cpu_kernels
+from tide_fleet.kernels.linear import _packed_linear_works
+from tide_fleet.worker.engine import SamplingParams
 
 ops = cpu_kernels.ops()
 pytestmark = [
@@ -99,9 +99,9 @@ def test_one_call_packed_step_equals_the_op_by_op_loop(tiny_path, dtype, matmul,
 def test_rows_sharing_a_cached_prefix_take_the_shared_kernel(monkeypatch):
     """Five rows behind a cached 288-token prefix (head_dim 32, bf16): the step attends the
     prefix once for all rows (decode_shared_prefix), in one call as op by op."""
-    import worker.models.llama as llama
-    from kernels.attention import native_prefill
-    from worker.models.resolve import resolve_model_path
+    import tide_fleet.worker.models.llama as llama
+    from tide_fleet.kernels.attention import native_prefill
+    from tide_fleet.worker.models.resolve import resolve_model_path
 
     if not native_prefill(torch.bfloat16, 32):
         pytest.skip("no AMX or AVX-512 BF16: no shared-prefix decode kernel here")
@@ -127,8 +127,8 @@ def test_mixed_steps_and_row_pieces_equal_the_op_by_op_loop(matmul, monkeypatch)
     """Prefill chunks beside decode rows (bf16, head_dim 32: the native prefill kernel), a
     700-token prompt in one step, on the native GEMM (AMX) or oneDNN's packed matmul with
     every projection also forced into 256-row pieces."""
-    from kernels.attention import native_prefill
-    from worker.models.resolve import resolve_model_path
+    from tide_fleet.kernels.attention import native_prefill
+    from tide_fleet.worker.models.resolve import resolve_model_path
 
     if not native_prefill(torch.bfloat16, 32):
         pytest.skip("no AMX or AVX-512 BF16: prefill chunks take SDPA here")

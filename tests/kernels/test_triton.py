@@ -9,12 +9,12 @@ import torch
 
 pytest.importorskip("triton")
 
-from kernels import paged_attention, set_attention_backend, write_kv_cache
 from tests.conftest import make_engine
 from tests.kernels.test_attention import dense_reference, slots_of
-from worker.engine import SamplingParams
-from worker.engine.scheduler import ScheduledRequest
-from worker.engine.step_inputs import build_step_inputs
+from tide_fleet.kernels import paged_attention, set_attention_backend, write_kv_cache
+from tide_fleet.worker.engine import SamplingParams
+from tide_fleet.worker.engine.scheduler import ScheduledRequest
+from tide_fleet.worker.engine.step_inputs import build_step_inputs
 
 
 @pytest.fixture

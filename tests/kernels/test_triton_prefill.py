@@ -10,10 +10,10 @@ import torch
 
 pytest.importorskip("triton")
 
-from kernels import paged_attention, set_attention_backend, torch_attention
-from kernels.attention_metadata import AttentionMetadata, PrefillBatch, PrefillChunk
-from kernels.launch import DeviceMismatch, record_launches
-from kernels.triton_prefill import pack_prefills, prefill_attention_varlen, tile_shape
+from tide_fleet.kernels import paged_attention, set_attention_backend, torch_attention
+from tide_fleet.kernels.attention_metadata import AttentionMetadata, PrefillBatch, PrefillChunk
+from tide_fleet.kernels.launch import DeviceMismatch, record_launches
+from tide_fleet.kernels.triton_prefill import pack_prefills, prefill_attention_varlen, tile_shape
 
 BS = 16
 # (num_tokens, start_pos): a fresh chunk not a multiple of any tile; a short one after a
@@ -101,7 +101,7 @@ def test_writing_into_out_leaves_the_rows_before_the_prefills_alone():
 
 
 def test_paged_attention_makes_one_varlen_call_when_the_batch_is_packed(monkeypatch):
-    from kernels import triton_attention
+    from tide_fleet.kernels import triton_attention
 
     def per_chunk(*args, **kwargs):
         raise AssertionError("the per-chunk kernel ran")
@@ -155,7 +155,7 @@ def test_steps_of_any_shape_share_one_variant():
 
 @pytest.mark.parametrize("name", ["block_tables", "query_start", "start_pos"])
 def test_every_tensor_is_device_checked(monkeypatch, name):
-    from kernels import launch as launch_module
+    from tide_fleet.kernels import launch as launch_module
 
     monkeypatch.setattr(launch_module, "CHECK_DEVICES", True)  # on under the interpreter
     step = make_step(SPECS[:2], group=1)

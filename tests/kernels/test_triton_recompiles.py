@@ -2,7 +2,7 @@
 
 Triton compiles one variant per distinct specialisation key (constexprs, dtypes,
 alignment, and int arguments' ==1 / %16 unless ``do_not_specialize``). In the interpreter
-nothing compiles, so the test counts the keys ``kernels.launch`` records per launch.
+nothing compiles, so the test counts the keys ``tide_fleet.kernels.launch`` records per launch.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import torch
 
 pytest.importorskip("triton")
 
-from kernels import triton_attention as tk
-from kernels.launch import DeviceMismatch, launch, record_launches, specialisation_key
 from tests.kernels.test_attention import dense_reference
+from tide_fleet.kernels import triton_attention as tk
+from tide_fleet.kernels.launch import DeviceMismatch, launch, record_launches, specialisation_key
 
 CONTEXTS = [100, 500, 513, 1000, 1024, 2047, 3000, 4097, 6000, 8000, 8192]
 
@@ -72,7 +72,7 @@ def test_the_key_sees_a_specialised_int_and_ignores_an_unspecialised_one():
 
 
 def test_a_launch_refuses_a_tensor_on_another_device(monkeypatch):
-    from kernels import launch as launch_module
+    from tide_fleet.kernels import launch as launch_module
 
     monkeypatch.setattr(launch_module, "CHECK_DEVICES", True)  # on under the interpreter
 
@@ -90,7 +90,7 @@ def test_a_launch_refuses_a_tensor_on_another_device(monkeypatch):
 
 
 def test_the_triton_wrappers_check_every_tensor(monkeypatch):
-    from kernels import launch as launch_module
+    from tide_fleet.kernels import launch as launch_module
 
     monkeypatch.setattr(launch_module, "CHECK_DEVICES", True)
     q = torch.zeros(1, 2, 16)

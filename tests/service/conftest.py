@@ -19,11 +19,11 @@ import httpx
 import pytest
 import redis
 
-from infra.fleet.redis_server import EmbeddedRedis, free_port
 from tests.conftest import (
     ROOT,
     wait_for,
 )
+from tide_fleet.infra.fleet.redis_server import EmbeddedRedis, free_port
 
 SECRET = "whsec_" + "dGVzdC13ZWJob29rLXNlY3JldC1mb3ItdGlkZS0xMjM0NQ=="
 KEYS = {"key-a": "tenant-a", "key-b": "tenant-b"}
@@ -69,15 +69,15 @@ class Fleet:
             "OMP_NUM_THREADS": "1",
         }
         py = sys.executable
-        self.spawn("gateway", [py, "-m", "uvicorn", "gateway.app:app", "--port", str(self.port),
-                               "--log-level", "warning"])  # fmt: skip
+        self.spawn("gateway", [py, "-m", "uvicorn", "tide_fleet.gateway.app:app",
+                               "--port", str(self.port), "--log-level", "warning"])  # fmt: skip
         for i in range(2):
             self.spawn_worker(f"worker-{i}")
-        celery = [py, "-m", "celery", "-A", "infra.jobs.celery_app:celery_app", "worker",
+        celery = [py, "-m", "celery", "-A", "tide_fleet.infra.jobs.celery_app:celery_app", "worker",
                   "-Q", "tide.webhooks,tide.batches", "--loglevel=WARNING", "--without-heartbeat",
                   "--without-gossip", "--without-mingle"]  # fmt: skip
         self.spawn("webhooks", celery)
-        self.spawn("reaper", [py, "-m", "infra.cli", "reaper"])
+        self.spawn("reaper", [py, "-m", "tide_fleet.infra.cli", "reaper"])
         self.wait_ready()
         threading.Thread(target=self._supervise, name="fleet-supervisor", daemon=True).start()
         return self
@@ -112,7 +112,7 @@ class Fleet:
             return self.spawn(name, self.argv[name])
 
     def spawn_worker(self, name: str, *extra: str) -> subprocess.Popen[bytes]:
-        argv = [sys.executable, "-m", "infra.cli", "worker", "--dtype", "float32",
+        argv = [sys.executable, "-m", "tide_fleet.infra.cli", "worker", "--dtype", "float32",
                 "--max-num-seqs", "4", *extra]  # fmt: skip
         return self.spawn(name, argv)
 

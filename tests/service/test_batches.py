@@ -12,7 +12,7 @@ import pytest
 from openai import OpenAI
 
 from tests.conftest import ROOT, make_engine
-from worker.engine import SamplingParams
+from tide_fleet.worker.engine import SamplingParams
 
 pytestmark = pytest.mark.slow
 
@@ -180,7 +180,7 @@ def test_tide_batch_run_through_the_fleet_equals_offline(fleet, fleet_model, tmp
     src = tmp_path / "in.jsonl"
     src.write_text("\n".join(line(f"t-{i}", r) for i, r in enumerate(requests)) + "\n")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    tide = [sys.executable, "-m", "infra.cli", "batch", "run", str(src)]
+    tide = [sys.executable, "-m", "tide_fleet.infra.cli", "batch", "run", str(src)]
     via_fleet = ["-o", str(tmp_path / "fleet.jsonl"), "--url", fleet.url, "--api-key", "key-a"]
     offline = ["-o", str(tmp_path / "offline.jsonl"), "--offline", "--model", str(fleet_model),
                "--dtype", "float32"]  # fmt: skip

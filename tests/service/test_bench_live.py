@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from infra.cli.main import main
 from tests.service.conftest import AUTH
+from tide_fleet.infra.cli.main import main
 
 
 @pytest.mark.parametrize(

@@ -24,12 +24,12 @@ import httpx
 import pytest
 import redis
 
-from infra.fleet.local_fleet import wait_ready
-from infra.fleet.redis_server import free_port
 from tests.conftest import ROOT, make_engine, wait_for
 from tests.service.conftest import Receiver
 from tests.service.procs import descendants, find
-from worker.engine import SamplingParams
+from tide_fleet.infra.fleet.local_fleet import wait_ready
+from tide_fleet.infra.fleet.redis_server import free_port
+from tide_fleet.worker.engine import SamplingParams
 
 pytestmark = pytest.mark.slow
 
@@ -107,7 +107,8 @@ def test_chaos_loses_nothing_duplicates_nothing_and_settles_at_zero(tmp_path, fl
            "TIDE_LEASE_SECONDS": "2", "TIDE_REAPER_INTERVAL": "0.3",
            "TIDE_WORKER_HEARTBEAT_SECONDS": "0.5", "OMP_NUM_THREADS": "1"}  # fmt: skip
     env.pop("REDIS_URL", None)
-    argv = [sys.executable, "-m", "infra.cli", "-v", "up", "--fleet", str(tmp_path / "fleet.toml"),
+    argv = [sys.executable, "-m", "tide_fleet.infra.cli", "-v", "up",
+            "--fleet", str(tmp_path / "fleet.toml"),
             "--port", str(port), "--model", str(fleet_model), "--dtype", "float32",
             "--max-num-seqs", "8"]  # fmt: skip
     log = open(tmp_path / "up.log", "wb")  # noqa: SIM115 - lives with the process
@@ -129,12 +130,14 @@ def test_chaos_loses_nothing_duplicates_nothing_and_settles_at_zero(tmp_path, fl
 
         def serving() -> bool:
             try:  # a worker heartbeat: connected and taking jobs
-                return bool(r.keys("tide:worker:*")) and bool(find(up.pid, "infra.cli worker"))
+                return bool(r.keys("tide:worker:*")) and bool(
+                    find(up.pid, "tide_fleet.infra.cli worker")
+                )
             except redis.RedisError:
                 return False
 
         def workers() -> set[int]:
-            return {p for p, c in descendants(up.pid).items() if "infra.cli worker" in c}
+            return {p for p, c in descendants(up.pid).items() if "tide_fleet.infra.cli worker" in c}
 
         rode_out = 0
 
@@ -144,7 +147,7 @@ def test_chaos_loses_nothing_duplicates_nothing_and_settles_at_zero(tmp_path, fl
 
         for _ in range(2):
             wait_worker()
-            kill("infra.cli worker")  # mid-generation
+            kill("tide_fleet.infra.cli worker")  # mid-generation
             wait_worker()
             before = workers()
             kill("redis-server")
@@ -193,7 +196,7 @@ def test_chaos_loses_nothing_duplicates_nothing_and_settles_at_zero(tmp_path, fl
         assert not twice, f"{twice} jobs ended other than exactly once: {done_events}"
 
         # Back to zero (measured from the last job's end), then it stays there.
-        wait_for(lambda: not find(up.pid, "infra.cli worker"), 120, what="zero workers")
+        wait_for(lambda: not find(up.pid, "tide_fleet.infra.cli worker"), 120, what="zero workers")
         zero_at = time.monotonic()
 
         def delivered() -> set[str]:
@@ -209,14 +212,16 @@ def test_chaos_loses_nothing_duplicates_nothing_and_settles_at_zero(tmp_path, fl
         duplicates = len(receiver.calls) - len(expected)  # same id again: receivers dedupe
 
         for _ in range(20):
-            assert not find(up.pid, "infra.cli worker"), "a worker started on an idle queue"
+            assert not find(up.pid, "tide_fleet.infra.cli worker"), (
+                "a worker started on an idle queue"
+            )
             time.sleep(0.5)
         out = (tmp_path / "up.log").read_text()
         launches = len(re.findall(r"started worker", out))
         # Only the workers killed here died: the others exited when the controller drained
         # them, never on a Redis outage.
         unexpected = len(re.findall(r"exited unexpectedly", out))
-        assert unexpected == kills["infra.cli worker"], f"{unexpected} workers died"
+        assert unexpected == kills["tide_fleet.infra.cli worker"], f"{unexpected} workers died"
         assert rode_out >= 1, "no worker was alive through a Redis outage"
         figures = {
             "jobs": NUM_JOBS, "completed": NUM_JOBS - len(bad), "wrong": len(wrong),

@@ -14,7 +14,7 @@ from standardwebhooks import Webhook
 
 from tests.conftest import ROOT, make_engine
 from tests.service.conftest import SECRET, Receiver, wait_done, wait_for
-from worker.engine import SamplingParams
+from tide_fleet.worker.engine import SamplingParams
 
 pytestmark = pytest.mark.slow
 
@@ -245,7 +245,7 @@ def _reachable(api, ids):  # type: ignore[no-untyped-def]
 
 
 def test_gateway_process_never_imports_torch(fleet):
-    code = "import sys, gateway.app; sys.exit('torch' in sys.modules)"
+    code = "import sys, tide_fleet.gateway.app; sys.exit('torch' in sys.modules)"
     assert (
         subprocess.run(
             [sys.executable, "-c", code], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}

@@ -7,8 +7,8 @@ import json
 import httpx
 import pytest
 
-from infra.doctor.scrape import Scrape
 from tests.service.conftest import wait_done, wait_for
+from tide_fleet.infra.doctor.scrape import Scrape
 
 pytestmark = pytest.mark.slow
 
@@ -31,7 +31,7 @@ def test_worker_endpoints_and_doctor_on_a_live_fleet(api, fleet, fleet_redis, ca
     assert sum(s.total("tide:generation_tokens_total") or 0 for s in scrapes) >= 12
     assert sum(s.total("tide:request_queue_time_seconds_count") or 0 for s in scrapes) >= 1
 
-    from infra.cli.main import main
+    from tide_fleet.infra.cli.main import main
 
     args = ["doctor", "--url", fleet.url, "--redis-url", fleet.redis.url, "--interval", "0.5",
             "--json"]  # fmt: skip

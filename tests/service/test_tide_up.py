@@ -13,9 +13,9 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from infra.fleet.local_fleet import wait_ready
-from infra.fleet.redis_server import free_port
 from tests.conftest import ROOT
+from tide_fleet.infra.fleet.local_fleet import wait_ready
+from tide_fleet.infra.fleet.redis_server import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -25,7 +25,16 @@ def test_tide_up_serves_jobs_and_batches_then_stops_cleanly(tmp_path, tiny_path)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TIDE_DATA_DIR": str(tmp_path / "data"),
            "TIDE_BATCH_POLL_INTERVAL": "0.3"}  # fmt: skip
     env.pop("REDIS_URL", None)
-    argv = [sys.executable, "-m", "infra.cli", "up", "--workers", "1", "--port", str(port)]
+    argv = [
+        sys.executable,
+        "-m",
+        "tide_fleet.infra.cli",
+        "up",
+        "--workers",
+        "1",
+        "--port",
+        str(port),
+    ]
     up = subprocess.Popen([*argv, "--model", str(tiny_path)], cwd=ROOT, env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
     url = f"http://127.0.0.1:{port}"

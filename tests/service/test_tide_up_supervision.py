@@ -16,10 +16,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from infra.fleet.local_fleet import wait_ready
-from infra.fleet.redis_server import free_port
 from tests.conftest import ROOT, wait_for
 from tests.service.procs import descendants, find
+from tide_fleet.infra.fleet.local_fleet import wait_ready
+from tide_fleet.infra.fleet.redis_server import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -29,7 +29,8 @@ def start_up(
 ) -> subprocess.Popen[bytes]:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TIDE_DATA_DIR": str(tmp_path / "data")}
     env.pop("REDIS_URL", None)
-    argv = [sys.executable, "-m", "infra.cli", "up", "--workers", "1", "--port", str(port),
+    argv = [sys.executable, "-m", "tide_fleet.infra.cli", "up", "--workers", "1",
+            "--port", str(port),
             "--model", str(model)]  # fmt: skip
     log = open(tmp_path / "up.log", "wb")  # noqa: SIM115 - lives with the process
     if sigint_ignored:
@@ -83,7 +84,9 @@ def test_kill_9_of_each_child_is_survived_and_sigint_stops_the_tree(tmp_path, ti
     try:
         wait_ready(url, timeout=120)
         wait_for(lambda: completes(url), 90, what="a first job")
-        worker = wait_for(lambda: find(up.pid, "infra.cli worker"), 30, what="the worker")
+        worker = wait_for(
+            lambda: find(up.pid, "tide_fleet.infra.cli worker"), 30, what="the worker"
+        )
         for needle in ("uvicorn", "celery", "redis-server"):
             victim = wait_for(lambda n=needle: find(up.pid, n), 30, what=needle)
             os.kill(victim, signal.SIGKILL)
@@ -92,7 +95,7 @@ def test_kill_9_of_each_child_is_survived_and_sigint_stops_the_tree(tmp_path, ti
             wait_for(lambda: completes(url), 90, what=f"a job after killing {needle}")
             assert up.poll() is None, f"tide up exited after kill -9 of {needle}"
         # The worker rode out the Redis restart: same process.
-        assert find(up.pid, "infra.cli worker") == worker
+        assert find(up.pid, "tide_fleet.infra.cli worker") == worker
         sigint_stops_the_tree(up, timeout=120)
     finally:
         kill_tree(up)
@@ -108,7 +111,7 @@ def test_sigint_stops_a_tide_up_started_with_sigint_ignored(tmp_path, tiny_path)
         url = f"http://127.0.0.1:{port}"
         wait_ready(url, timeout=120)
         wait_for(lambda: completes(url), 90, what="a first job")
-        assert find(up.pid, "infra.cli worker"), "the worker is in the tree that must go"
+        assert find(up.pid, "tide_fleet.infra.cli worker"), "the worker is in the tree that must go"
         sigint_stops_the_tree(up, timeout=60)
     finally:
         kill_tree(up)

@@ -23,12 +23,12 @@ import pytest
 import redis
 from openai import OpenAI
 
-from infra.fleet.local_fleet import wait_ready
-from infra.fleet.redis_server import free_port
-from infra.wire.heartbeats import read_heartbeats
 from tests.conftest import ROOT, make_engine, wait_for
 from tests.service.procs import descendants
-from worker.engine import SamplingParams
+from tide_fleet.infra.fleet.local_fleet import wait_ready
+from tide_fleet.infra.fleet.redis_server import free_port
+from tide_fleet.infra.wire.heartbeats import read_heartbeats
+from tide_fleet.worker.engine import SamplingParams
 
 pytestmark = pytest.mark.slow
 
@@ -56,7 +56,7 @@ def fleet_toml(stories: Path, tiny: Path) -> str:
 def workers_of(up: subprocess.Popen, pool: str) -> list[int]:
     return [
         p for p, cmd in descendants(up.pid).items()
-        if "infra.cli worker" in cmd and f"--pool {pool} " in f"{cmd} "
+        if "tide_fleet.infra.cli worker" in cmd and f"--pool {pool} " in f"{cmd} "
     ]  # fmt: skip
 
 
@@ -87,7 +87,8 @@ def test_two_models_scale_from_zero_apart_and_survive_a_kill(
            "TIDE_LEASE_SECONDS": "2", "TIDE_REAPER_INTERVAL": "0.3",
            "TIDE_WORKER_HEARTBEAT_SECONDS": "0.5", "OMP_NUM_THREADS": "1"}  # fmt: skip
     env.pop("REDIS_URL", None)
-    argv = [sys.executable, "-m", "infra.cli", "-v", "up", "--fleet", str(tmp_path / "fleet.toml"),
+    argv = [sys.executable, "-m", "tide_fleet.infra.cli", "-v", "up",
+            "--fleet", str(tmp_path / "fleet.toml"),
             "--port", str(port), "--dtype", "float32", "--max-num-seqs", "8"]  # fmt: skip
     log = open(tmp_path / "up.log", "wb")  # noqa: SIM115 - lives with the process
     up = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)

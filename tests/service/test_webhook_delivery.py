@@ -22,10 +22,10 @@ from pathlib import Path
 import pytest
 import redis
 
-from infra.fleet.redis_server import EmbeddedRedis
-from infra.jobs.webhooks import enqueue_webhook
 from tests.conftest import ROOT, wait_for
 from tests.service.conftest import SECRET
+from tide_fleet.infra.fleet.redis_server import EmbeddedRedis
+from tide_fleet.infra.jobs.webhooks import enqueue_webhook
 
 pytestmark = pytest.mark.slow
 
@@ -98,7 +98,8 @@ class Sender:
         }
         # The command line `tide up` and the fleet tests use: pool and concurrency come
         # from the app's configuration, not from flags.
-        argv = [sys.executable, "-m", "celery", "-A", "infra.jobs.celery_app:celery_app", "worker",
+        argv = [sys.executable, "-m", "celery", "-A",
+                "tide_fleet.infra.jobs.celery_app:celery_app", "worker",
                 "-Q", "tide.webhooks,tide.batches", "--loglevel=INFO", "--without-heartbeat",
                 "--without-gossip", "--without-mingle"]  # fmt: skip
         log = open(self.tmp / "celery.log", "ab")  # noqa: SIM115 - lives with the process

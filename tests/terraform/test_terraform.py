@@ -21,10 +21,10 @@ import boto3
 import pytest
 from botocore.exceptions import ClientError
 
-from infra.cli.main import main
-from infra.fleet.tfvars import render_file
 from tests.conftest import ROOT
 from tests.infra.fleet.test_aws import run_burst
+from tide_fleet.infra.cli.main import main
+from tide_fleet.infra.fleet.tfvars import render_file
 
 TF_SOURCE = ROOT / "terraform"
 CONFIG_DIRS = ("modules/worker_pool", "modules/control_plane", "examples/two_pools")

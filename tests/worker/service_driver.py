@@ -9,13 +9,13 @@ from typing import Any
 
 import redis
 
-from infra.jobs.schemas import JobCreate
-from infra.jobs.submission import ModelInfo, build_job
-from infra.settings import Settings
-from infra.wire.jobstore import JobStore
-from infra.wire.protocol import Keys
 from tests.conftest import make_engine
-from worker.service import WorkerService
+from tide_fleet.infra.jobs.schemas import JobCreate
+from tide_fleet.infra.jobs.submission import ModelInfo, build_job
+from tide_fleet.infra.settings import Settings
+from tide_fleet.infra.wire.jobstore import JobStore
+from tide_fleet.infra.wire.protocol import Keys
+from tide_fleet.worker.service import WorkerService
 
 DUMMY_SPECIALS = 4  # dummy models: <pad> <s> </s> <unk>, then one token per byte
 # Bans the specials and every non-ASCII byte of a dummy model: its text is then ASCII.

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tests.conftest import make_engine
-from worker.engine import Priority, SamplingParams
+from tide_fleet.worker.engine import Priority, SamplingParams
 
 
 def _workload(seed: int, n: int) -> tuple[list[list[int]], list[SamplingParams]]:
@@ -142,8 +142,8 @@ def test_timings_are_ordered(tiny_path):
 def test_a_one_token_prefill_chunk_samples_nothing(tiny_path):
     # Regression: a budget that cuts a prefill to one token made that row look like a
     # decode, and a token was sampled before the prompt was done.
-    from worker.engine.scheduler import ScheduledRequest
-    from worker.engine.step_inputs import build_step_inputs
+    from tide_fleet.worker.engine.scheduler import ScheduledRequest
+    from tide_fleet.worker.engine.step_inputs import build_step_inputs
 
     rows = [
         ScheduledRequest("decode", [7], 20, [0, 1], True),

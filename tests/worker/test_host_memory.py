@@ -7,7 +7,7 @@ import platform
 
 import pytest
 
-from worker.engine import host_memory
+from tide_fleet.worker.engine import host_memory
 
 
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt is glibc's")

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from tests.conftest import make_engine
-from worker.engine.config import EngineConfig
-from worker.engine.kv_budget import GIB, GpuMemory, KVBudgetError, gpu_kv_budget
+from tide_fleet.worker.engine.config import EngineConfig
+from tide_fleet.worker.engine.kv_budget import GIB, GpuMemory, KVBudgetError, gpu_kv_budget
 
 MIB = 1 << 20
 MODEL = 8_030_261_248 * 2  # Llama-3-8B in bf16: 14.96 GiB

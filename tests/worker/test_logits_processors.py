@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from worker.engine.logits_processors import (
+from tide_fleet.worker.engine.logits_processors import (
     apply_logit_bias,
     apply_penalties,
     apply_token_bitmask,

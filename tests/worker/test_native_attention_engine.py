@@ -12,11 +12,11 @@ import random
 import pytest
 import torch
 
-from kernels import attention
-from kernels import cpu as cpu_kernels
 from tests.conftest import make_engine
-from worker.engine import SamplingParams
-from worker.models import llama
+from tide_fleet.kernels import attention
+from tide_fleet.kernels import cpu as cpu_kernels
+from tide_fleet.worker.engine import SamplingParams
+from tide_fleet.worker.models import llama
 
 pytestmark = pytest.mark.skipif(
     not cpu_kernels.native_prefill(), reason="no AMX tiles or AVX-512 BF16 here"
@@ -25,7 +25,7 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture
 def small_path(_dummy_cache):
-    from worker.models.resolve import resolve_model_path
+    from tide_fleet.worker.models.resolve import resolve_model_path
 
     return resolve_model_path("dummy:small")
 

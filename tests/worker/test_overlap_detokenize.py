@@ -9,7 +9,7 @@ import re
 import pytest
 
 from tests.conftest import make_engine
-from worker.engine import SamplingParams
+from tide_fleet.worker.engine import SamplingParams
 
 PROMPTS = [[1, *range(20 + 7 * i, 40 + 9 * i)] for i in range(6)]
 

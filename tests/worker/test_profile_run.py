@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from worker.engine import LLMEngine, SamplingParams
+from tide_fleet.worker.engine import LLMEngine, SamplingParams
 
 
 @pytest.mark.parametrize(

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from tests.conftest import make_engine
-from worker.engine import SamplingParams
-from worker.models.dummy import EOS_ID
+from tide_fleet.worker.engine import SamplingParams
+from tide_fleet.worker.models.dummy import EOS_ID
 
 transformers = pytest.importorskip("transformers")
 

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from tests.conftest import make_engine
-from worker.engine.sampling_params import SamplingParams
+from tide_fleet.worker.engine.sampling_params import SamplingParams
 
 
 @pytest.mark.parametrize(
@@ -56,8 +56,8 @@ def test_engine_rejects_token_ids_outside_the_vocabulary(tiny_path):
 
 
 def test_structured_needs_a_tokenizer(tiny_path):
-    from worker.engine import LLMEngine
-    from worker.models.loader import load_model
+    from tide_fleet.worker.engine import LLMEngine
+    from tide_fleet.worker.models.loader import load_model
 
     engine = LLMEngine(load_model(tiny_path, "float32", "cpu"), None)
     with pytest.raises(ValueError, match="structured output needs the model's tokenizer"):

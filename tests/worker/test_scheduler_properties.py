@@ -6,12 +6,12 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from worker.engine.block_manager import BlockManager
-from worker.engine.config import EngineConfig
-from worker.engine.request import Request
-from worker.engine.sampling_params import Priority, SamplingParams
-from worker.engine.scheduler import Scheduler
-from worker.engine.step_inputs import build_step_inputs
+from tide_fleet.worker.engine.block_manager import BlockManager
+from tide_fleet.worker.engine.config import EngineConfig
+from tide_fleet.worker.engine.request import Request
+from tide_fleet.worker.engine.sampling_params import Priority, SamplingParams
+from tide_fleet.worker.engine.scheduler import Scheduler
+from tide_fleet.worker.engine.step_inputs import build_step_inputs
 
 request_spec = st.tuples(
     st.integers(0, 6),  # arrival step

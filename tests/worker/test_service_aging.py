@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from infra.settings import Settings
-from infra.wire import queues
-from infra.wire.protocol import JobMessage, queue_name
 from tests.conftest import make_engine
-from worker.intake import BATCH_EVERY, TAKE_AT_MOST
-from worker.service import WorkerService
+from tide_fleet.infra.settings import Settings
+from tide_fleet.infra.wire import queues
+from tide_fleet.infra.wire.protocol import JobMessage, queue_name
+from tide_fleet.worker.intake import BATCH_EVERY, TAKE_AT_MOST
+from tide_fleet.worker.service import WorkerService
 
 
 def test_batch_jobs_age_past_a_stream_of_interactive_ones(redis_server, redis_client, tiny_path):
@@ -37,9 +37,9 @@ def test_a_redis_error_while_saving_results_loses_nothing(redis_server, redis_cl
     import pytest
     import redis
 
-    from infra.jobs.schemas import JobCreate
-    from infra.jobs.submission import ModelInfo, build_job
-    from infra.wire.jobstore import JobStore
+    from tide_fleet.infra.jobs.schemas import JobCreate
+    from tide_fleet.infra.jobs.submission import ModelInfo, build_job
+    from tide_fleet.infra.wire.jobstore import JobStore
 
     settings = Settings(redis_url=redis_server.url, model=str(tiny_path))
     store = JobStore(redis_client)

@@ -9,12 +9,12 @@ import json
 import pytest
 import redis
 
-from infra.wire.jobstore import JobStore
-from infra.wire.protocol import Keys
 from tests.conftest import make_engine
 from tests.worker.service_driver import choices, run, service, submit
-from worker.choices import SEED_RANGE, choice_params, pop_n
-from worker.engine import RequestOutput, SamplingParams
+from tide_fleet.infra.wire.jobstore import JobStore
+from tide_fleet.infra.wire.protocol import Keys
+from tide_fleet.worker.choices import SEED_RANGE, choice_params, pop_n
+from tide_fleet.worker.engine import RequestOutput, SamplingParams
 
 PROMPT = "once upon a time there was a worker that ran many choices"  # 59 tokens: 3 blocks
 

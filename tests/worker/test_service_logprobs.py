@@ -8,9 +8,9 @@ import json
 
 from tests.conftest import make_engine
 from tests.worker.service_driver import ASCII_ONLY, choices, events, run, service, submit
-from worker.engine import SamplingParams
-from worker.logprobs import NOT_FINITE, LogprobEntries
-from worker.models.tokenizer import Tokenizer
+from tide_fleet.worker.engine import SamplingParams
+from tide_fleet.worker.logprobs import NOT_FINITE, LogprobEntries
+from tide_fleet.worker.models.tokenizer import Tokenizer
 
 KEYS = {"token", "bytes", "logprob", "top_logprobs"}
 
@@ -113,7 +113,7 @@ def test_stop_text_is_left_out_of_the_result_and_the_stream(redis_server, redis_
 
 
 def test_entries_sort_alternatives_and_keep_json_finite(tiny_path):
-    from worker.engine.request import TokenLogprob
+    from tide_fleet.worker.engine.request import TokenLogprob
 
     entries = LogprobEntries(Tokenizer(tiny_path))
     (e,) = entries([TokenLogprob(4 + ord("a"), -0.5, {4 + ord("b"): -2.0, 4 + ord("a"): -0.5})])

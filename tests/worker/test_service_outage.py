@@ -10,14 +10,14 @@ from pathlib import Path
 
 import redis
 
-from infra.fleet.redis_server import EmbeddedRedis, free_port
-from infra.jobs.schemas import JobCreate
-from infra.jobs.submission import ModelInfo, build_job
-from infra.settings import Settings
-from infra.wire.jobstore import JobStore
-from infra.wire.protocol import Keys
 from tests.conftest import make_engine, wait_for
-from worker.service import WorkerService
+from tide_fleet.infra.fleet.redis_server import EmbeddedRedis, free_port
+from tide_fleet.infra.jobs.schemas import JobCreate
+from tide_fleet.infra.jobs.submission import ModelInfo, build_job
+from tide_fleet.infra.settings import Settings
+from tide_fleet.infra.wire.jobstore import JobStore
+from tide_fleet.infra.wire.protocol import Keys
+from tide_fleet.worker.service import WorkerService
 
 
 def _settings(url: str, model: Path) -> Settings:

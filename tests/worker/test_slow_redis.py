@@ -1,4 +1,4 @@
-"""Results are written beside the engine's step (``worker.writer``), against a real Redis
+"""Results are written beside the engine's step (``tide_fleet.worker.writer``), against a real Redis
 behind a loopback proxy that slows every round trip: the engine keeps stepping while a
 flush is in flight, every job still ends with its greedy tokens and its events in order,
 a connection cut mid-flush is an outage that loses nothing (the failed batch goes back in
@@ -19,16 +19,16 @@ from typing import Any
 import pytest
 import redis
 
-from infra.wire import queues
-from infra.wire.jobstore import JobStore
-from infra.wire.protocol import Keys
 from scripts.bench_worker_redis import DelayProxy
 from tests.conftest import make_engine, wait_for
 from tests.worker.service_driver import events, run, service, settings, submit
-from worker.engine import LLMEngine, RequestOutput, SamplingParams
-from worker.held import Choice, Held, HeldJob
-from worker.results import PendingWrites
-from worker.service import WorkerService
+from tide_fleet.infra.wire import queues
+from tide_fleet.infra.wire.jobstore import JobStore
+from tide_fleet.infra.wire.protocol import Keys
+from tide_fleet.worker.engine import LLMEngine, RequestOutput, SamplingParams
+from tide_fleet.worker.held import Choice, Held, HeldJob
+from tide_fleet.worker.results import PendingWrites
+from tide_fleet.worker.service import WorkerService
 
 DELAY = 0.15  # added to every round trip through the proxy
 PROMPTS = ["once upon a time", "the little dog ran to the park", "lily wanted"]
@@ -195,7 +195,7 @@ def test_a_final_write_that_landed_unsettled_is_not_a_lost_lease(
     _iterate_until(worker, landed.is_set)
     assert _record(redis_client, job_id)["status"] == "completed"
     worker._next_refresh = 0.0  # refresh now: the lease reads as gone
-    with caplog.at_level(logging.WARNING, logger="worker.service"):
+    with caplog.at_level(logging.WARNING, logger="tide_fleet.worker.service"):
         worker._iterate()
         assert job_id in worker.held  # let go only by the settle
         release.set()

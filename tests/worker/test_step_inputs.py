@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from worker.engine.scheduler import ScheduledRequest
-from worker.engine.step_inputs import StepBuilder, build_step_inputs
+from tide_fleet.worker.engine.scheduler import ScheduledRequest
+from tide_fleet.worker.engine.step_inputs import StepBuilder, build_step_inputs
 
 CPU = torch.device("cpu")
 

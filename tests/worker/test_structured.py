@@ -8,8 +8,8 @@ import re
 import pytest
 
 from tests.conftest import make_engine
-from worker.engine import SamplingParams
-from worker.models.dummy import EOS_ID
+from tide_fleet.worker.engine import SamplingParams
+from tide_fleet.worker.models.dummy import EOS_ID
 
 jsonschema = pytest.importorskip("jsonschema")
 

@@ -10,9 +10,9 @@ import pytest
 from safetensors.torch import load_file, save_file
 
 from tests.conftest import make_engine
-from worker.engine import SamplingParams
-from worker.models.config import ModelLoadError
-from worker.models.loader import load_model
+from tide_fleet.worker.engine import SamplingParams
+from tide_fleet.worker.models.config import ModelLoadError
+from tide_fleet.worker.models.loader import load_model
 
 
 @pytest.fixture(scope="module")

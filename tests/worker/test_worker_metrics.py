@@ -9,15 +9,15 @@ import pytest
 from prometheus_client import generate_latest
 from pydantic import ValidationError
 
-from infra.doctor.scrape import Scrape
-from infra.plan.roofline import DevicePeaks, ModelCost, utilisation
-from infra.settings import Settings
 from tests.conftest import make_engine
-from worker.device_peaks import device_peaks, measure_peaks
-from worker.engine import SamplingParams
-from worker.engine.llm_engine import StepStats
-from worker.metrics import WorkerMetrics, ema, model_label
-from worker.models.config import ModelConfig
+from tide_fleet.infra.doctor.scrape import Scrape
+from tide_fleet.infra.plan.roofline import DevicePeaks, ModelCost, utilisation
+from tide_fleet.infra.settings import Settings
+from tide_fleet.worker.device_peaks import device_peaks, measure_peaks
+from tide_fleet.worker.engine import SamplingParams
+from tide_fleet.worker.engine.llm_engine import StepStats
+from tide_fleet.worker.metrics import WorkerMetrics, ema, model_label
+from tide_fleet.worker.models.config import ModelConfig
 
 # hidden 8, 2 heads of 4 (q = 8), 1 KV head (kv = 4), MLP 16, 2 layers, vocab 10.
 CFG = ModelConfig("LlamaForCausalLM", vocab_size=10, hidden_size=8, intermediate_size=16,

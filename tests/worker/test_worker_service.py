@@ -8,12 +8,12 @@ import time
 import httpx
 import pytest
 
-from infra.doctor.scrape import Scrape
-from infra.settings import Settings
-from infra.wire.protocol import Keys
 from tests.conftest import make_engine
 from tests.gateway.test_gateway_metrics import A, job, make_client
-from worker.service import WorkerService
+from tide_fleet.infra.doctor.scrape import Scrape
+from tide_fleet.infra.settings import Settings
+from tide_fleet.infra.wire.protocol import Keys
+from tide_fleet.worker.service import WorkerService
 
 
 def wait_for(predicate, timeout: float = 30.0):  # type: ignore[no-untyped-def]

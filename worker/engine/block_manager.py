@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 
 import xxhash
 
-from worker.engine.request import Request
+from tide_fleet.worker.engine.request import Request
 
 _NO_PARENT = 0
 

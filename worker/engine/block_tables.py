@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from worker.engine.scheduler import ScheduledRequest
+from tide_fleet.worker.engine.scheduler import ScheduledRequest
 
 
 def host_and_device(

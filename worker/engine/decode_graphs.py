@@ -23,11 +23,11 @@ import time
 
 import torch
 
-from kernels import AttentionMetadata
-from kernels.attention_metadata import DecodeGroup
-from worker.engine.scheduler import ScheduledRequest
-from worker.engine.step_inputs import StepBuilder
-from worker.models.llama import LlamaModel
+from tide_fleet.kernels import AttentionMetadata
+from tide_fleet.kernels.attention_metadata import DecodeGroup
+from tide_fleet.worker.engine.scheduler import ScheduledRequest
+from tide_fleet.worker.engine.step_inputs import StepBuilder
+from tide_fleet.worker.models.llama import LlamaModel
 
 log = logging.getLogger(__name__)
 

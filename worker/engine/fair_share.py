@@ -23,7 +23,7 @@ import itertools
 from collections import Counter
 from collections.abc import Iterable, Mapping
 
-from worker.engine.request import Request
+from tide_fleet.worker.engine.request import Request
 
 
 def water_fill(demand: Mapping[str, int], capacity: int) -> dict[str, int]:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from worker.engine.structured import (
+from tide_fleet.worker.engine.structured import (
     StructuredOutput,
     check_grammar,
     grammar_for,

@@ -12,21 +12,21 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from worker.engine.admission import check_prompt_ids, check_request, stop_token_ids
-from worker.engine.block_manager import BlockManager
-from worker.engine.config import EngineConfig
-from worker.engine.grammar import GrammarMatchers, PendingMasks
-from worker.engine.model_runner import ModelRunner
-from worker.engine.output_text import TextOutputs
-from worker.engine.outputs import RequestOutput, StepStats
-from worker.engine.request import Request, TokenLogprob
-from worker.engine.sampler import Sampler
-from worker.engine.sampling_params import Priority, SamplingParams
-from worker.engine.scheduler import ScheduledRequest, Scheduler
-from worker.models.llama import LlamaModel
-from worker.models.loader import load_model
-from worker.models.resolve import resolve_model_path
-from worker.models.tokenizer import Tokenizer
+from tide_fleet.worker.engine.admission import check_prompt_ids, check_request, stop_token_ids
+from tide_fleet.worker.engine.block_manager import BlockManager
+from tide_fleet.worker.engine.config import EngineConfig
+from tide_fleet.worker.engine.grammar import GrammarMatchers, PendingMasks
+from tide_fleet.worker.engine.model_runner import ModelRunner
+from tide_fleet.worker.engine.output_text import TextOutputs
+from tide_fleet.worker.engine.outputs import RequestOutput, StepStats
+from tide_fleet.worker.engine.request import Request, TokenLogprob
+from tide_fleet.worker.engine.sampler import Sampler
+from tide_fleet.worker.engine.sampling_params import Priority, SamplingParams
+from tide_fleet.worker.engine.scheduler import ScheduledRequest, Scheduler
+from tide_fleet.worker.models.llama import LlamaModel
+from tide_fleet.worker.models.loader import load_model
+from tide_fleet.worker.models.resolve import resolve_model_path
+from tide_fleet.worker.models.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """Turns a SchedulerOutput into tensors, runs the model, returns logits of sampling rows.
 
 Owns the KV cache: one K and one V tensor per layer, ``[kv_heads, num_blocks,
-block_size, head_dim]`` (the layout ``kernels.attention`` documents), sized from a
+block_size, head_dim]`` (the layout ``tide_fleet.kernels.attention`` documents), sized from a
 memory budget.
 
 Off the CPU, ``__init__`` first runs ``profile_run``: the largest steps the scheduler can
@@ -18,22 +18,22 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.attention import (
+from tide_fleet.kernels.attention import (
     decode_reads_rows_in_place,
     native_prefill,
     resolve_backend,
     set_attention_backend,
 )
-from kernels.launch import check_devices
-from kernels.linear import SPLIT_ROWS
-from worker.engine.config import EngineConfig
-from worker.engine.decode_graphs import DecodeGraphs, graph_mode
-from worker.engine.host_memory import keep_step_buffers
-from worker.engine.kv_budget import GpuMemory, gpu_kv_budget
-from worker.engine.sampler import profile_sampling
-from worker.engine.scheduler import ScheduledRequest, SchedulerOutput
-from worker.engine.step_inputs import StepBuilder
-from worker.models.llama import LlamaModel
+from tide_fleet.kernels.launch import check_devices
+from tide_fleet.kernels.linear import SPLIT_ROWS
+from tide_fleet.worker.engine.config import EngineConfig
+from tide_fleet.worker.engine.decode_graphs import DecodeGraphs, graph_mode
+from tide_fleet.worker.engine.host_memory import keep_step_buffers
+from tide_fleet.worker.engine.kv_budget import GpuMemory, gpu_kv_budget
+from tide_fleet.worker.engine.sampler import profile_sampling
+from tide_fleet.worker.engine.scheduler import ScheduledRequest, SchedulerOutput
+from tide_fleet.worker.engine.step_inputs import StepBuilder
+from tide_fleet.worker.models.llama import LlamaModel
 
 log = logging.getLogger(__name__)
 

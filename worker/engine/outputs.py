@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from worker.engine.request import RequestTimings, TokenLogprob
+from tide_fleet.worker.engine.request import RequestTimings, TokenLogprob
 
 
 @dataclass

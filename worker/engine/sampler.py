@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from kernels.sampling import row_uniform, sample_rows, top_k_top_p_mask
-from worker.engine.logits_processors import (
+from tide_fleet.kernels.sampling import row_uniform, sample_rows, top_k_top_p_mask
+from tide_fleet.worker.engine.logits_processors import (
     apply_logit_bias,
     apply_penalties,
     apply_token_bitmask,
@@ -30,10 +30,10 @@ from worker.engine.logits_processors import (
     raw_logprobs,
     top_logprobs,
 )
-from worker.engine.request import Request, TokenLogprob
+from tide_fleet.worker.engine.request import Request, TokenLogprob
 
 if TYPE_CHECKING:
-    from worker.engine.grammar import GrammarMasks
+    from tide_fleet.worker.engine.grammar import GrammarMasks
 
 __all__ = ["Sampler", "SamplerOutput", "profile_sampling", "top_k_top_p_mask"]
 

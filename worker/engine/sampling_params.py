@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from worker.engine.structured import StructuredOutput, as_structured
+from tide_fleet.worker.engine.structured import StructuredOutput, as_structured
 
 
 class Priority(enum.IntEnum):

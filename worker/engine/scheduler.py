@@ -11,10 +11,10 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
-from worker.engine import fair_share
-from worker.engine.block_manager import BlockManager
-from worker.engine.config import EngineConfig
-from worker.engine.request import Request, RequestStatus
+from tide_fleet.worker.engine import fair_share
+from tide_fleet.worker.engine.block_manager import BlockManager
+from tide_fleet.worker.engine.config import EngineConfig
+from tide_fleet.worker.engine.request import Request, RequestStatus
 
 
 @dataclass

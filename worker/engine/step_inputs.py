@@ -29,10 +29,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from kernels import AttentionMetadata
-from kernels.attention_metadata import DecodeGroup, PrefillBatch, PrefillChunk
-from worker.engine.block_tables import BlockTables, host_and_device
-from worker.engine.scheduler import ScheduledRequest
+from tide_fleet.kernels import AttentionMetadata
+from tide_fleet.kernels.attention_metadata import DecodeGroup, PrefillBatch, PrefillChunk
+from tide_fleet.worker.engine.block_tables import BlockTables, host_and_device
+from tide_fleet.worker.engine.scheduler import ScheduledRequest
 
 
 class StepBuffers:

@@ -3,7 +3,7 @@
 Torch-free (llguidance is a self-contained Rust wheel), so the gateway can refuse a bad
 schema with a 400 before anything is queued: ``validate(spec)`` raises ValueError naming
 the problem. The engine compiles the same grammar text for its matchers
-(``worker.engine.grammar``), so what validates here is what runs there.
+(``tide_fleet.worker.engine.grammar``), so what validates here is what runs there.
 
 llguidance is needed only to compile: without it (an engine-only install, as for
 ``scripts/gpu_check.py``) specs still build and the engine still runs, and compiling a

@@ -30,8 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from worker.models.config import ModelLoadError
-from worker.models.gguf_tokenizer import tokenizer_files
+from tide_fleet.worker.models.config import ModelLoadError
+from tide_fleet.worker.models.gguf_tokenizer import tokenizer_files
 
 try:
     import gguf

@@ -18,7 +18,7 @@ from typing import Any
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, processors
 from tokenizers import Tokenizer as HFTokenizer
 
-from worker.models.config import ModelLoadError
+from tide_fleet.worker.models.config import ModelLoadError
 
 CONTROL, USER_DEFINED = 3, 4  # llama.cpp's token types
 

@@ -14,12 +14,16 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from kernels import AttentionMetadata, paged_attention, write_kv_cache
-from kernels import cpu as cpu_kernels
-from kernels.attention import cpp_decode_shared_tokens, decode_reads_rows_in_place, native_prefill
-from kernels.linear import Linear, choose_row_split, packed_rows
-from worker.models.config import ModelConfig
-from worker.models.rope import RotaryEmbedding, apply_rotary
+from tide_fleet.kernels import AttentionMetadata, paged_attention, write_kv_cache
+from tide_fleet.kernels import cpu as cpu_kernels
+from tide_fleet.kernels.attention import (
+    cpp_decode_shared_tokens,
+    decode_reads_rows_in_place,
+    native_prefill,
+)
+from tide_fleet.kernels.linear import Linear, choose_row_split, packed_rows
+from tide_fleet.worker.models.config import ModelConfig
+from tide_fleet.worker.models.rope import RotaryEmbedding, apply_rotary
 
 
 @dataclass

@@ -12,11 +12,11 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from worker.models.config import ModelLoadError
-from worker.models.gguf_file import gguf_folder, gguf_path
+from tide_fleet.worker.models.config import ModelLoadError
+from tide_fleet.worker.models.gguf_file import gguf_folder, gguf_path
 
 try:
-    from infra.settings import get_settings
+    from tide_fleet.infra.settings import get_settings
 except ImportError:  # an engine-only install (scripts/gpu_check.py): model folders only
     HAS_SETTINGS = False
 else:

@@ -13,7 +13,7 @@ from typing import Any
 
 from tokenizers import Tokenizer as HFTokenizer
 
-from worker.models.config import ModelLoadError
+from tide_fleet.worker.models.config import ModelLoadError
 
 
 class Tokenizer:

@@ -203,7 +203,7 @@ locals {
         role  = "gateway"
         files = {}
         services = {
-          tide-gateway = "/opt/tide/venv/bin/uvicorn gateway.app:app --host 0.0.0.0 --port ${var.gateway_port}"
+          tide-gateway = "/opt/tide/venv/bin/uvicorn tide_fleet.gateway.app:app --host 0.0.0.0 --port ${var.gateway_port}"
         }
       }))
     }
@@ -217,7 +217,7 @@ locals {
         services = {
           # The controller also runs the lease reaper and the batch supervisor.
           tide-controller = "/opt/tide/venv/bin/tide controller --fleet /etc/tide/fleet.toml --actuator aws"
-          tide-celery     = "/opt/tide/venv/bin/celery -A infra.jobs.celery_app:celery_app worker -Q tide.webhooks,tide.batches --concurrency 4"
+          tide-celery     = "/opt/tide/venv/bin/celery -A tide_fleet.infra.jobs.celery_app:celery_app worker -Q tide.webhooks,tide.batches --concurrency 4"
         }
       }))
     }

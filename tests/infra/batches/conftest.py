@@ -10,13 +10,13 @@ from typing import Any
 
 import pytest
 
-from infra.batches import finalize, supervise, validate
-from infra.batches.store import BatchStore, Handles, new_batch_id
-from infra.jobs.files import FileStore
-from infra.jobs.storage import LocalStorage
-from infra.settings import Settings
-from infra.wire.jobstore import JobStore
-from infra.wire.protocol import JobStatus, Keys
+from tide_fleet.infra.batches import finalize, supervise, validate
+from tide_fleet.infra.batches.store import BatchStore, Handles, new_batch_id
+from tide_fleet.infra.jobs.files import FileStore
+from tide_fleet.infra.jobs.storage import LocalStorage
+from tide_fleet.infra.settings import Settings
+from tide_fleet.infra.wire.jobstore import JobStore
+from tide_fleet.infra.wire.protocol import JobStatus, Keys
 
 
 def line(custom_id: str, body: dict[str, Any], url: str = "/v1/completions") -> str:

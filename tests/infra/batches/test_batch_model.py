@@ -8,14 +8,14 @@ import json
 
 import pytest
 
-from infra.batches.finalize import finalize_batch
-from infra.batches.validate import MAX_FILE_ERRORS, check_envelopes, validate_batch
-from infra.jobs.public import public_batch
-from infra.jobs.submission import ModelInfo
-from infra.settings import Settings
-from infra.wire.models import catalog
-from infra.wire.protocol import queue_name
 from tests.infra.batches.conftest import line
+from tide_fleet.infra.batches.finalize import finalize_batch
+from tide_fleet.infra.batches.validate import MAX_FILE_ERRORS, check_envelopes, validate_batch
+from tide_fleet.infra.jobs.public import public_batch
+from tide_fleet.infra.jobs.submission import ModelInfo
+from tide_fleet.infra.settings import Settings
+from tide_fleet.infra.wire.models import catalog
+from tide_fleet.infra.wire.protocol import queue_name
 
 OK = {"prompt": "Once upon a time", "max_tokens": 40}
 

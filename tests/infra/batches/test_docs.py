@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from infra.batches.docs import docs_to_batch, split_document
-from infra.jobs.submission import ModelInfo
+from tide_fleet.infra.batches.docs import docs_to_batch, split_document
+from tide_fleet.infra.jobs.submission import ModelInfo
 
 
 def test_split_keeps_every_word_and_fits():

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 
-from infra.batches import finalize
-from infra.batches.finalize import finalize_batch, output_lines
-from infra.batches.store import FANOUT_CHUNK
-from infra.batches.validate import validate_batch
-from infra.wire.protocol import JobStatus, Keys
 from tests.infra.batches.conftest import line
+from tide_fleet.infra.batches import finalize
+from tide_fleet.infra.batches.finalize import finalize_batch, output_lines
+from tide_fleet.infra.batches.store import FANOUT_CHUNK
+from tide_fleet.infra.batches.validate import validate_batch
+from tide_fleet.infra.wire.protocol import JobStatus, Keys
 
 OK = {"prompt": "Once upon a time", "max_tokens": 4}
 

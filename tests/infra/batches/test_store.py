@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from infra.batches.store import REFUSED, BatchStore, new_batch_id, parse_window, refusal
-from infra.wire.protocol import Keys
+from tide_fleet.infra.batches.store import REFUSED, BatchStore, new_batch_id, parse_window, refusal
+from tide_fleet.infra.wire.protocol import Keys
 
 
 @pytest.mark.parametrize(("window", "seconds"), [("24h", 86400), ("90m", 5400), ("5s", 5)])

@@ -6,14 +6,14 @@ import threading
 
 import pytest
 
-from infra.batches import supervise, validate
-from infra.batches.finalize import finalize_batch
-from infra.batches.store import FANOUT_CHUNK
-from infra.batches.supervise import FULL_PASS_SECONDS, supervise_batches
-from infra.batches.validate import validate_batch
-from infra.wire.protocol import JobStatus, Keys
 from tests.conftest import wait_for
 from tests.infra.batches.conftest import line
+from tide_fleet.infra.batches import supervise, validate
+from tide_fleet.infra.batches.finalize import finalize_batch
+from tide_fleet.infra.batches.store import FANOUT_CHUNK
+from tide_fleet.infra.batches.supervise import FULL_PASS_SECONDS, supervise_batches
+from tide_fleet.infra.batches.validate import validate_batch
+from tide_fleet.infra.wire.protocol import JobStatus, Keys
 
 OK = {"prompt": "Once upon a time", "max_tokens": 4}
 

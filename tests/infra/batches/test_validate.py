@@ -6,10 +6,15 @@ import json
 
 import pytest
 
-from infra.batches.validate import MAX_FILE_ERRORS, check_envelopes, fan_out, validate_batch
-from infra.wire.models import catalog
-from infra.wire.protocol import JobStatus, Keys, Priority
 from tests.infra.batches.conftest import line
+from tide_fleet.infra.batches.validate import (
+    MAX_FILE_ERRORS,
+    check_envelopes,
+    fan_out,
+    validate_batch,
+)
+from tide_fleet.infra.wire.models import catalog
+from tide_fleet.infra.wire.protocol import JobStatus, Keys, Priority
 
 OK = {"prompt": "Once upon a time", "max_tokens": 4}
 

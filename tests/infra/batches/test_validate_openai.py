@@ -8,13 +8,13 @@ import json
 
 import pytest
 
-from infra.batches.finalize import finalize_batch
-from infra.batches.validate import validate_batch
-from infra.settings import Settings
-from infra.wire.jobstore import JobStore
-from infra.wire.protocol import JobStatus
 from tests.gateway.live import entry
 from tests.infra.batches.conftest import line
+from tide_fleet.infra.batches.finalize import finalize_batch
+from tide_fleet.infra.batches.validate import validate_batch
+from tide_fleet.infra.settings import Settings
+from tide_fleet.infra.wire.jobstore import JobStore
+from tide_fleet.infra.wire.protocol import JobStatus
 
 CHAT = "/v1/chat/completions"
 MSG = [{"role": "user", "content": "hi"}]

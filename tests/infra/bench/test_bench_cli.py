@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from infra.cli.main import main
+from tide_fleet.infra.cli.main import main
 
 
 @pytest.mark.parametrize(

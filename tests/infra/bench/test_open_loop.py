@@ -7,7 +7,7 @@ import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from infra.bench.open_loop import post_open_loop
+from tide_fleet.infra.bench.open_loop import post_open_loop
 
 
 def test_every_request_is_sent_read_and_counted_after_the_warmup():

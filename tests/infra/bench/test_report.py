@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from infra.bench.load import RequestRecord, RunResult
-from infra.bench.plots import tokens_per_second, write_plots
-from infra.bench.report import (
+from tide_fleet.infra.bench.load import RequestRecord, RunResult
+from tide_fleet.infra.bench.plots import tokens_per_second, write_plots
+from tide_fleet.infra.bench.report import (
     build_report,
     distribution_ms,
     parse_slos,

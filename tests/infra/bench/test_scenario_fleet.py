@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 import sys
 
-from infra.bench.scenario_fleet import ROOT, ScenarioFleet
-from infra.bench.scenarios import build
-from infra.fleet.supervisor import orphan_safe
+from tide_fleet.infra.bench.scenario_fleet import ROOT, ScenarioFleet
+from tide_fleet.infra.bench.scenarios import build
+from tide_fleet.infra.fleet.supervisor import orphan_safe
 
 
 def test_fleet_children_start_as_the_local_fleet_starts_them(tmp_path):

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from infra.bench import scenarios
-from infra.cli.main import main
+from tide_fleet.infra.bench import scenarios
+from tide_fleet.infra.cli.main import main
 
 
 def _arm_report(tok_s: float, short_p99: float, p50: float) -> dict:

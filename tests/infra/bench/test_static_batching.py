@@ -7,8 +7,8 @@ import random
 import pytest
 
 from tests.conftest import make_engine
-from worker.engine import SamplingParams
-from worker.engine.config import EngineConfig
+from tide_fleet.worker.engine import SamplingParams
+from tide_fleet.worker.engine.config import EngineConfig
 
 
 def _workload(n: int) -> tuple[list[list[int]], list[SamplingParams]]:

@@ -9,8 +9,8 @@ import statistics
 
 import pytest
 
-from infra.bench.scenarios import build
-from infra.bench.workload import (
+from tide_fleet.infra.bench.scenarios import build
+from tide_fleet.infra.bench.workload import (
     LengthClass,
     PromptMaker,
     WorkloadSpec,
@@ -19,8 +19,8 @@ from infra.bench.workload import (
     draw_lengths,
     workload_spec,
 )
-from infra.cli.main import build_parser
-from infra.traces import read_request_trace
+from tide_fleet.infra.cli.main import build_parser
+from tide_fleet.infra.traces import read_request_trace
 
 
 def _gaps(rate: float, burstiness: float, n: int = 20_000, seed: int = 3) -> list[float]:
@@ -70,7 +70,7 @@ def test_length_mix_is_80_20_heavy_tailed_and_capped():
 
 
 def test_prompts_have_the_requested_token_count(tiny_path):
-    from worker.models.tokenizer import Tokenizer
+    from tide_fleet.worker.models.tokenizer import Tokenizer
 
     tok = Tokenizer(tiny_path)
     maker = PromptMaker(tok, random.Random(0))
@@ -80,7 +80,7 @@ def test_prompts_have_the_requested_token_count(tiny_path):
 
 
 def test_prompts_fit_a_subword_tokenizer_closely(stories_path):
-    from worker.models.tokenizer import Tokenizer
+    from tide_fleet.worker.models.tokenizer import Tokenizer
 
     tok = Tokenizer(stories_path)
     maker = PromptMaker(tok, random.Random(0))
@@ -89,7 +89,7 @@ def test_prompts_fit_a_subword_tokenizer_closely(stories_path):
 
 
 def test_shared_prefix_workload_repeats_the_prefix(tiny_path):
-    from worker.models.tokenizer import Tokenizer
+    from tide_fleet.worker.models.tokenizer import Tokenizer
 
     spec = WorkloadSpec(
         num_requests=6, request_rate=2.0, classes=[LengthClass("short", 1, 8, 4, 64)],

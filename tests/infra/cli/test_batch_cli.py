@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from infra.cli.batch_offline import run_offline
-from infra.cli.main import main
+from tide_fleet.infra.cli.batch_offline import run_offline
+from tide_fleet.infra.cli.main import main
 
 
 def _line(custom_id: str, body: dict, url: str = "/v1/completions") -> str:

@@ -6,9 +6,9 @@ import subprocess
 
 import pytest
 
-from infra.cli.main import main
-from infra.fleet.redis_server import free_port
 from tests.conftest import ROOT
+from tide_fleet.infra.cli.main import main
+from tide_fleet.infra.fleet.redis_server import free_port
 
 
 @pytest.mark.parametrize("command", [["submit", "hi"], ["status", "job_x"]])

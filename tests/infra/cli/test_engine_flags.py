@@ -7,15 +7,15 @@ import inspect
 
 import pytest
 
-from infra.cli.engine_flags import (
+from tide_fleet.infra.cli.engine_flags import (
     ENGINE_FLAGS,
     GENERATE_FLAGS,
     engine_kwargs,
     worker_argv,
 )
-from infra.cli.main import build_parser
-from worker.engine import LLMEngine
-from worker.engine.config import EngineConfig
+from tide_fleet.infra.cli.main import build_parser
+from tide_fleet.worker.engine import LLMEngine
+from tide_fleet.worker.engine.config import EngineConfig
 
 LOAD_KEYWORDS = {"dtype", "device"}  # from_pretrained's own; the rest go to EngineConfig
 
@@ -82,9 +82,9 @@ def test_a_worker_started_with_the_argv_builds_the_same_engine(command):
 
 
 def test_up_hands_its_settings_and_worker_argv_to_the_fleet(monkeypatch, tmp_path):
-    from infra.cli import serve
-    from infra.fleet import local_fleet
-    from worker.models import resolve
+    from tide_fleet.infra.cli import serve
+    from tide_fleet.infra.fleet import local_fleet
+    from tide_fleet.worker.models import resolve
 
     seen = {}
 

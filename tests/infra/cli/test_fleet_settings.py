@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.settings import Settings, child_env, get_settings, use_settings
+from tide_fleet.infra.settings import Settings, child_env, get_settings, use_settings
 
 
 @pytest.fixture
@@ -43,7 +43,7 @@ def test_use_settings_is_what_get_settings_returns(restore_settings):
 
 
 def test_use_broker_points_the_celery_app_at_the_url():
-    from infra.jobs.celery_app import celery_app, use_broker
+    from tide_fleet.infra.jobs.celery_app import celery_app, use_broker
 
     before = celery_app.conf.broker_url
     try:
@@ -77,8 +77,8 @@ def test_empty_cache_paths_mean_the_defaults(monkeypatch):
 
 
 def test_registry_and_kernels_read_the_process_settings(restore_settings, tmp_path):
-    from kernels import cpu
-    from worker.models.registry import model_folder
+    from tide_fleet.kernels import cpu
+    from tide_fleet.worker.models.registry import model_folder
 
     use_settings(Settings(cache_dir=tmp_path / "c", kernel_cache=tmp_path / "k"))
     assert model_folder("dummy:tiny").parent == tmp_path / "c" / "dummy"

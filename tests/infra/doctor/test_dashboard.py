@@ -7,9 +7,9 @@ import re
 
 from prometheus_client import CollectorRegistry
 
-from infra.plan.roofline import DevicePeaks, ModelCost
 from tests.conftest import ROOT
-from worker.metrics import WorkerMetrics
+from tide_fleet.infra.plan.roofline import DevicePeaks, ModelCost
+from tide_fleet.worker.metrics import WorkerMetrics
 
 DASHBOARD = ROOT / "infra/grafana/tide-dashboard.json"
 NAME = re.compile(r"(?<![\w:])((?:tide:|process_)[A-Za-z0-9_:]+)")
@@ -27,9 +27,9 @@ def exposed(registry: CollectorRegistry) -> set[str]:
 
 
 def all_exposed() -> set[str]:
-    from gateway.metrics import registry as gateway
-    from infra.fleet.controller_metrics import registry as controller
-    from worker.models.config import ModelConfig
+    from tide_fleet.gateway.metrics import registry as gateway
+    from tide_fleet.infra.fleet.controller_metrics import registry as controller
+    from tide_fleet.worker.models.config import ModelConfig
 
     cfg = ModelConfig("LlamaForCausalLM", 10, 8, 16, 2, 2, 1, 4, 64)
     worker = WorkerMetrics(ModelCost.from_config(cfg, 2), DevicePeaks(1, 1, "t"), "m", "p")

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from infra.doctor.collect import load, save, snapshot
-from infra.doctor.rules import RULES, Thresholds, diagnose
-from infra.doctor.scrape import Scrape, histogram_quantile
-from infra.doctor.snapshot import Snapshot
-from infra.wire.heartbeats import Heartbeat
+from tide_fleet.infra.doctor.collect import load, save, snapshot
+from tide_fleet.infra.doctor.rules import RULES, Thresholds, diagnose
+from tide_fleet.infra.doctor.scrape import Scrape, histogram_quantile
+from tide_fleet.infra.doctor.snapshot import Snapshot
+from tide_fleet.infra.wire.heartbeats import Heartbeat
 
 SNAPSHOTS = Path(__file__).parent / "snapshots"
 CASES = sorted(p.name for p in SNAPSHOTS.iterdir() if p.is_dir())
@@ -153,7 +153,7 @@ def test_load_names_what_is_missing(tmp_path):
 
 
 def test_cli_json_and_exit_status(capsys):
-    from infra.cli.main import main
+    from tide_fleet.infra.cli.main import main
 
     assert main(["doctor", "--load", str(SNAPSHOTS / "kv_bound"), "--json"]) == 1
     body = json.loads(capsys.readouterr().out)
@@ -166,7 +166,7 @@ def test_cli_json_and_exit_status(capsys):
 
 
 def test_cli_text_shows_evidence_and_knob(capsys):
-    from infra.cli.main import main
+    from tide_fleet.infra.cli.main import main
 
     main(["doctor", "--load", str(SNAPSHOTS / "gateway_cpu_saturated")])
     out = capsys.readouterr().out
@@ -175,7 +175,7 @@ def test_cli_text_shows_evidence_and_knob(capsys):
 
 
 def test_cli_with_nothing_to_read_says_so(capsys):
-    from infra.cli.main import main
+    from tide_fleet.infra.cli.main import main
 
     args = ["doctor", "--url", "http://127.0.0.1:9", "--redis-url", "redis://127.0.0.1:9/0",
             "--interval", "0.01", "--timeout", "0.5"]  # fmt: skip

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 
-from infra.doctor.queues import default_model, oldest_age, queue_jobs, served_buckets
-from infra.doctor.rules import diagnose
-from infra.doctor.scrape import Scrape
-from infra.doctor.snapshot import Snapshot
-from infra.wire.heartbeats import Heartbeat
+from tide_fleet.infra.doctor.queues import default_model, oldest_age, queue_jobs, served_buckets
+from tide_fleet.infra.doctor.rules import diagnose
+from tide_fleet.infra.doctor.scrape import Scrape
+from tide_fleet.infra.doctor.snapshot import Snapshot
+from tide_fleet.infra.wire.heartbeats import Heartbeat
 
 ALL = ("short", "medium", "long")
 
@@ -119,8 +119,8 @@ def test_admission_is_judged_per_model():
 
 
 def test_cli_names_the_model_and_its_workers(tmp_path, capsys):
-    from infra.cli.main import main
-    from infra.doctor.collect import save
+    from tide_fleet.infra.cli.main import main
+    from tide_fleet.infra.doctor.collect import save
 
     jobs = quiet("a") | quiet("b") | {("b", "short"): 1.0}
     text = {"gateway": backlog(jobs), "worker:a-1": "tide:num_requests_running 0\n",

@@ -4,8 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from infra.fleet.autoscale import PoolObservation, PoolState, WorkerView, decide, demand_workers
-from infra.fleet.fleet_config import ControllerConfig, PoolConfig
+from tide_fleet.infra.fleet.autoscale import (
+    PoolObservation,
+    PoolState,
+    WorkerView,
+    decide,
+    demand_workers,
+)
+from tide_fleet.infra.fleet.fleet_config import ControllerConfig, PoolConfig
 
 CTL = ControllerConfig(scale_in_cooldown_s=60, scale_in_hysteresis=0.7)
 
@@ -163,7 +169,7 @@ def test_scale_out_cooldown_is_respected():
 
 
 def test_rate_tracker_learns_each_pools_service_rate_independently():
-    from infra.fleet.autoscale import RateTracker
+    from tide_fleet.infra.fleet.autoscale import RateTracker
 
     rates = RateTracker(["a", "b"])
     for i in range(6):  # two busy pools, each with a queue, updated one after the other

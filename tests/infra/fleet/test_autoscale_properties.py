@@ -6,8 +6,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from infra.fleet.autoscale import PoolObservation, PoolState, WorkerView, decide
-from infra.fleet.fleet_config import ControllerConfig, PoolConfig
+from tide_fleet.infra.fleet.autoscale import PoolObservation, PoolState, WorkerView, decide
+from tide_fleet.infra.fleet.fleet_config import ControllerConfig, PoolConfig
 
 CTL = ControllerConfig(scale_in_cooldown_s=5, scale_in_hysteresis=0.7)
 

@@ -14,16 +14,16 @@ from pathlib import Path
 import pytest
 import redis
 
-from infra.fleet.aws_actuator import AwsActuator
-from infra.fleet.aws_lifecycle import LifecycleWatcher
-from infra.fleet.controller import Controller
-from infra.fleet.fleet_config import parse_fleet
-from infra.fleet.redis_server import EmbeddedRedis
-from infra.jobs.schemas import JobCreate
-from infra.jobs.submission import ModelInfo, build_job
-from infra.settings import Settings
-from infra.wire.jobstore import JobStore
 from tests.conftest import wait_for
+from tide_fleet.infra.fleet.aws_actuator import AwsActuator
+from tide_fleet.infra.fleet.aws_lifecycle import LifecycleWatcher
+from tide_fleet.infra.fleet.controller import Controller
+from tide_fleet.infra.fleet.fleet_config import parse_fleet
+from tide_fleet.infra.fleet.redis_server import EmbeddedRedis
+from tide_fleet.infra.jobs.schemas import JobCreate
+from tide_fleet.infra.jobs.submission import ModelInfo, build_job
+from tide_fleet.infra.settings import Settings
+from tide_fleet.infra.wire.jobstore import JobStore
 
 
 def make_group(moto_url: str, name: str, max_size: int = 3) -> None:
@@ -98,7 +98,8 @@ def run_burst(
                     iid = inst["InstanceId"]
                     if inst["LifecycleState"] == "InService" and iid not in booted:
                         booted[iid] = subprocess.Popen(
-                            [sys.executable, "-m", "infra.cli", "worker", "--pool", pool_name,
+                            [sys.executable, "-m", "tide_fleet.infra.cli", "worker",
+                             "--pool", pool_name,
                              "--buckets", ",".join(buckets),
                              "--worker-id", f"{pool_name}-{iid}", "--dtype", "float32",
                              "--max-num-seqs", "2"],
@@ -252,7 +253,7 @@ class _BrokenCloudWatch:
 
 
 def test_capacity_not_listed_yet_counts_so_a_burst_is_not_launched_twice(redis_client):
-    from infra.fleet.autoscale import PoolState, decide
+    from tide_fleet.infra.fleet.autoscale import PoolState, decide
 
     fleet = parse_fleet({"pools": {"gpu": {"buckets": ["short", "medium", "long"],
                                            "max_workers": 8, "cold_start_s": 0}}})  # fmt: skip
@@ -263,7 +264,7 @@ def test_capacity_not_listed_yet_counts_so_a_burst_is_not_launched_twice(redis_c
     assert [w.state for w in workers] == ["starting"] * 3
     actuator.publish(pool, 30, len(workers))  # CloudWatch failing is logged, not raised
     # The controller sees 3 workers starting: a demand of 3 launches nothing more.
-    from infra.fleet.autoscale import PoolObservation, WorkerView
+    from tide_fleet.infra.fleet.autoscale import PoolObservation, WorkerView
 
     views = [WorkerView(w.worker_id, w.state) for w in workers]
     # Demand for 5 (15,000 tokens at 100 tok/s within the 30 s target): 2 more, so the

@@ -11,16 +11,16 @@ from pathlib import Path
 import pytest
 import redis
 
-from infra.fleet.controller import Controller
-from infra.fleet.fleet_config import parse_fleet
-from infra.fleet.local_actuator import LocalActuator
-from infra.fleet.redis_server import EmbeddedRedis
-from infra.jobs.schemas import JobCreate
-from infra.jobs.submission import ModelInfo, build_job
-from infra.settings import Settings
-from infra.wire.backlog import read_backlog
-from infra.wire.jobstore import JobStore
 from tests.conftest import wait_for
+from tide_fleet.infra.fleet.controller import Controller
+from tide_fleet.infra.fleet.fleet_config import parse_fleet
+from tide_fleet.infra.fleet.local_actuator import LocalActuator
+from tide_fleet.infra.fleet.redis_server import EmbeddedRedis
+from tide_fleet.infra.jobs.schemas import JobCreate
+from tide_fleet.infra.jobs.submission import ModelInfo, build_job
+from tide_fleet.infra.settings import Settings
+from tide_fleet.infra.wire.backlog import read_backlog
+from tide_fleet.infra.wire.jobstore import JobStore
 
 pytestmark = pytest.mark.slow
 

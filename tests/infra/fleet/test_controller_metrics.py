@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from prometheus_client import generate_latest
 
-from infra.doctor.scrape import Scrape
-from infra.fleet import controller_metrics
-from infra.fleet.controller import Controller
-from infra.fleet.fleet_config import parse_fleet
-from infra.settings import Settings
-from infra.wire.protocol import Keys, backlog_field
 from tests.infra.fleet.test_controller_records import FakeActuator
+from tide_fleet.infra.doctor.scrape import Scrape
+from tide_fleet.infra.fleet import controller_metrics
+from tide_fleet.infra.fleet.controller import Controller
+from tide_fleet.infra.fleet.fleet_config import parse_fleet
+from tide_fleet.infra.settings import Settings
+from tide_fleet.infra.wire.protocol import Keys, backlog_field
 
 POOL = {"buckets": ["short", "medium", "long"], "max_workers": 2, "tokens_per_s": 100}
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import json
 
-from infra.fleet.actuator import ActuatedWorker
-from infra.fleet.controller import Controller
-from infra.fleet.fleet_config import parse_fleet
-from infra.settings import Settings
-from infra.wire.protocol import Keys
+from tide_fleet.infra.fleet.actuator import ActuatedWorker
+from tide_fleet.infra.fleet.controller import Controller
+from tide_fleet.infra.fleet.fleet_config import parse_fleet
+from tide_fleet.infra.settings import Settings
+from tide_fleet.infra.wire.protocol import Keys
 
 
 class FakeActuator:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from infra.fleet.fleet_config import local_default_fleet, parse_fleet
-from infra.fleet.local_actuator import LocalActuator
+from tide_fleet.infra.fleet.fleet_config import local_default_fleet, parse_fleet
+from tide_fleet.infra.fleet.local_actuator import LocalActuator
 
 ALL = ["short", "medium", "long"]
 
@@ -55,7 +55,7 @@ def test_tide_up_with_two_models_makes_a_scale_to_zero_pool_each() -> None:
     # Its workers are told which model they serve, so they take only its queues.
     actuator = LocalActuator(fleet, env={"TIDE_MODEL": "dummy:tiny"})
     argv: list[list[str]] = []
-    import infra.fleet.local_actuator as la
+    import tide_fleet.infra.fleet.local_actuator as la
 
     real, la.spawn = la.spawn, lambda a, env, log_file=None: argv.append(a) or _Fake()  # type: ignore[assignment,func-returns-value]
     try:

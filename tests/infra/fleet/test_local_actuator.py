@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from infra.fleet import local_actuator
-from infra.fleet.fleet_config import local_default_fleet
-from infra.fleet.local_actuator import LocalActuator
+from tide_fleet.infra.fleet import local_actuator
+from tide_fleet.infra.fleet.fleet_config import local_default_fleet
+from tide_fleet.infra.fleet.local_actuator import LocalActuator
 
 
 class Popen:  # records the argv instead of starting a worker

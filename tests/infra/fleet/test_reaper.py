@@ -10,12 +10,12 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from infra.fleet.reaper import OutageGrace, Reaper
-from infra.fleet.redis_server import EmbeddedRedis, free_port
-from infra.settings import Settings
-from infra.wire.jobstore import JobStore, NewJob
-from infra.wire.protocol import JobStatus, Keys
 from tests.conftest import wait_for
+from tide_fleet.infra.fleet.reaper import OutageGrace, Reaper
+from tide_fleet.infra.fleet.redis_server import EmbeddedRedis, free_port
+from tide_fleet.infra.settings import Settings
+from tide_fleet.infra.wire.jobstore import JobStore, NewJob
+from tide_fleet.infra.wire.protocol import JobStatus, Keys
 
 
 class FakeClock:

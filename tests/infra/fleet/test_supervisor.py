@@ -7,8 +7,8 @@ import sys
 import time
 from pathlib import Path
 
-from infra.fleet import supervisor as sv
-from infra.fleet.supervisor import Supervisor, ThreadProc
+from tide_fleet.infra.fleet import supervisor as sv
+from tide_fleet.infra.fleet.supervisor import Supervisor, ThreadProc
 
 
 class FakeProc:
@@ -89,7 +89,7 @@ def test_a_crashed_thread_is_reported_dead():
 
 def test_a_child_does_not_outlive_a_parent_killed_with_9():
     code = (
-        "import subprocess, sys, time; from infra.fleet.supervisor import orphan_safe; "
+        "import subprocess, sys, time; from tide_fleet.infra.fleet.supervisor import orphan_safe; "
         "p = subprocess.Popen(orphan_safe(['sleep', '60'])); print(p.pid, flush=True); "
         "time.sleep(60)"
     )

@@ -13,10 +13,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from infra.cli.main import build_parser, main
-from infra.fleet.fleet_config import load_fleet, parse_fleet
-from infra.fleet.tfvars import POOL_KEYS, render_file, render_tfvars
 from tests.conftest import ROOT
+from tide_fleet.infra.cli.main import build_parser, main
+from tide_fleet.infra.fleet.fleet_config import load_fleet, parse_fleet
+from tide_fleet.infra.fleet.tfvars import POOL_KEYS, render_file, render_tfvars
 
 EXAMPLE_FLEET = ROOT / "fleet.example.toml"
 EXAMPLE_DIR = ROOT / "terraform/examples/two_pools"

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from infra.jobs import request_checks
-from infra.jobs.errors import SubmissionError
-from infra.jobs.job_errors import unfinished_job
-from infra.jobs.request_checks import check_structured
+from tide_fleet.infra.jobs import request_checks
+from tide_fleet.infra.jobs.errors import SubmissionError
+from tide_fleet.infra.jobs.job_errors import unfinished_job
+from tide_fleet.infra.jobs.request_checks import check_structured
 
 
 @pytest.mark.parametrize(

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from infra.jobs.openai_format import chat_body, completion_body, completions_body
-from infra.jobs.openai_logprobs import completion_logprobs
+from tide_fleet.infra.jobs.openai_format import chat_body, completion_body, completions_body
+from tide_fleet.infra.jobs.openai_logprobs import completion_logprobs
 
 
 def record(job_id: str = "job_1", **fields) -> dict[str, str]:  # type: ignore[no-untyped-def]
@@ -80,7 +80,7 @@ def test_chat_without_tools_keeps_call_like_text_as_content():
 
 @pytest.mark.parametrize("spacing", [(", ", ": "), (",", ":"), (" ,\n ", " : ")])
 def test_a_long_choices_list_parses_one_choice_at_a_time_to_the_same_list(monkeypatch, spacing):
-    from infra.jobs import openai_format
+    from tide_fleet.infra.jobs import openai_format
 
     choices = [{"index": i, "text": "x" * 50, "logprobs": [{"token": "a", "logprob": -0.5}] * 3}
                for i in (2, 0, 1)]  # fmt: skip

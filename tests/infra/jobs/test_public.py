@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from infra.jobs.public import job_public, public_batch
-from infra.wire.protocol import JobStatus, Priority
+from tide_fleet.infra.jobs.public import job_public, public_batch
+from tide_fleet.infra.wire.protocol import JobStatus, Priority
 
 
 def test_job_public_of_a_completed_job():

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from infra.jobs.schemas import ChatCompletionCreate, CompletionCreate, JobCreate
-from infra.jobs.submission import ModelInfo, SubmissionError, build_job
-from infra.settings import Settings
+from tide_fleet.infra.jobs.schemas import ChatCompletionCreate, CompletionCreate, JobCreate
+from tide_fleet.infra.jobs.submission import ModelInfo, SubmissionError, build_job
+from tide_fleet.infra.settings import Settings
 
 
 @pytest.mark.parametrize(

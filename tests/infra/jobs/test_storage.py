@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from infra.jobs.storage import LocalStorage, S3Storage
+from tide_fleet.infra.jobs.storage import LocalStorage, S3Storage
 
 
 def chunks(total_mb: int) -> Iterator[bytes]:

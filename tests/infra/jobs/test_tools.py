@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from infra.jobs.messages import NamedFunction, NamedToolChoice, Tool
-from infra.jobs.tools import ToolRender, ToolStream, constraint, parse_calls
+from tide_fleet.infra.jobs.messages import NamedFunction, NamedToolChoice, Tool
+from tide_fleet.infra.jobs.tools import ToolRender, ToolStream, constraint, parse_calls
 
 NAMES = {"f", "g"}
 

@@ -15,8 +15,8 @@ from email.utils import format_datetime
 
 import pytest
 
-from infra.jobs.webhook_dispatcher import dispatch_due
-from infra.jobs.webhook_policy import (
+from tide_fleet.infra.jobs.webhook_dispatcher import dispatch_due
+from tide_fleet.infra.jobs.webhook_policy import (
     RETRY_AFTER_MAX_SECONDS,
     RETRY_JITTER,
     Verdict,
@@ -24,8 +24,8 @@ from infra.jobs.webhook_policy import (
     parse_retry_after,
     retry_delay,
 )
-from infra.jobs.webhook_store import Delivery, WebhookStore
-from infra.jobs.webhooks import (
+from tide_fleet.infra.jobs.webhook_store import Delivery, WebhookStore
+from tide_fleet.infra.jobs.webhooks import (
     ReceiverSlots,
     UnsafeWebhookTarget,
     attempt_delivery,
@@ -33,8 +33,8 @@ from infra.jobs.webhooks import (
     enqueue_webhook,
     receiver_of,
 )
-from infra.settings import Settings
-from infra.wire.protocol import Keys
+from tide_fleet.infra.settings import Settings
+from tide_fleet.infra.wire.protocol import Keys
 
 LEASE = 30.0
 
@@ -196,7 +196,7 @@ def test_an_unserialisable_payload_fails_once_loudly(redis_client, caplog):
     _job(redis_client, "j1", "http://127.0.0.1:9/hook", json.dumps({"note": "\udfff"}))
     enqueue_webhook("j1", "completed", client=redis_client)
     (delivery,) = store.claim_due()
-    with caplog.at_level(logging.ERROR, logger="infra.jobs.webhooks"):
+    with caplog.at_level(logging.ERROR, logger="tide_fleet.infra.jobs.webhooks"):
         assert attempt_delivery(store, settings, delivery) == "unserialisable"
     status = redis_client.hget("tide:job:j1", "webhook_status").decode()
     assert status.startswith("failed: payload cannot be serialised (PydanticSerializationError")

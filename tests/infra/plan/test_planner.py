@@ -12,9 +12,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from infra.cli.main import main
-from infra.plan.devices import DEVICES, DeviceSpec, GiB, get_device
-from infra.plan.planner import (
+from tests.conftest import ROOT, STORIES
+from tide_fleet.infra.cli.main import main
+from tide_fleet.infra.plan.devices import DEVICES, DeviceSpec, GiB, get_device
+from tide_fleet.infra.plan.planner import (
     MEDIUM_MIN_CONCURRENT,
     PRESETS,
     SHORT_MIN_CONCURRENT,
@@ -25,8 +26,7 @@ from infra.plan.planner import (
     kv_bytes,
     plan,
 )
-from infra.plan.roofline import ModelCost
-from tests.conftest import ROOT, STORIES
+from tide_fleet.infra.plan.roofline import ModelCost
 
 LLAMA2_7B = ModelShape.from_preset("llama-2-7b")
 MiB, KiB = 1 << 20, 1 << 10
@@ -275,7 +275,7 @@ def test_work_rate_adds_prefill_to_decode_time():
 
 
 def test_pool_rate_for_the_controller():
-    from infra.fleet.fleet_config import PoolConfig
+    from tide_fleet.infra.fleet.fleet_config import PoolConfig
 
     pool = PoolConfig(buckets=["short"], device="l4", model="llama-3-8b")
     expected = plan(ModelShape.from_preset("llama-3-8b"), device=get_device("l4"))
@@ -348,7 +348,7 @@ def test_cli_table(capsys):
 def test_cli_json_subprocess():
     args = ["--model", "llama-2-7b", "--device", "rtx3090", "--weight-dtype", "float16"]
     args += ["--kv-budget-gb", "8", "--prompt-len", "768", "--output-len", "256", "--json"]
-    r = _python("-m", "infra.cli", "plan", *args)
+    r = _python("-m", "tide_fleet.infra.cli", "plan", *args)
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout)
     assert d.keys() >= REQUIRED_KEYS
@@ -365,7 +365,10 @@ def test_cli_json_subprocess():
 
 
 def test_planner_is_torch_free():
-    code = "import sys, infra.plan.planner, infra.cli.plan; assert 'torch' not in sys.modules"
+    code = (
+        "import sys, tide_fleet.infra.plan.planner, tide_fleet.infra.cli.plan; "
+        "assert 'torch' not in sys.modules"
+    )
     r = _python("-c", code)
     assert r.returncode == 0, r.stderr
 

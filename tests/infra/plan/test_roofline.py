@@ -5,21 +5,21 @@ from __future__ import annotations
 
 import pytest
 
-from infra.fleet.fleet_config import PoolConfig
-from infra.plan.devices import get_device
-from infra.plan.model_shape import ModelShape, projection_parameters
-from infra.plan.planner import estimate_decode_tokens_per_s
-from infra.plan.roofline import (
+from tide_fleet.infra.fleet.fleet_config import PoolConfig
+from tide_fleet.infra.plan.devices import get_device
+from tide_fleet.infra.plan.model_shape import ModelShape, projection_parameters
+from tide_fleet.infra.plan.planner import estimate_decode_tokens_per_s
+from tide_fleet.infra.plan.roofline import (
     DevicePeaks,
     ModelCost,
     decode_step_seconds,
     run_roofline_seconds,
     utilisation,
 )
-from infra.settings import Settings
-from infra.sim.service_model import EFFICIENCY, roofline_model
-from worker.device_peaks import device_peaks
-from worker.models.config import ModelConfig
+from tide_fleet.infra.settings import Settings
+from tide_fleet.infra.sim.service_model import EFFICIENCY, roofline_model
+from tide_fleet.worker.device_peaks import device_peaks
+from tide_fleet.worker.models.config import ModelConfig
 
 SHAPE = ModelShape.from_preset("llama-3-8b")
 # The same model as the engine reads it from config.json.

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from infra.cli.main import main
-from infra.fleet.fleet_config import load_fleet
-from infra.sim.compare import simulate
-from infra.sim.traces import builtin_trace
+from tide_fleet.infra.cli.main import main
+from tide_fleet.infra.fleet.fleet_config import load_fleet
+from tide_fleet.infra.sim.compare import simulate
+from tide_fleet.infra.sim.traces import builtin_trace
 
 ROOT = Path(__file__).resolve().parents[3]
 

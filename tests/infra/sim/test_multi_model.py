@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from infra.cli.main import main
-from infra.fleet.fleet_config import FleetConfig, parse_fleet
-from infra.sim.models import FleetModels
-from infra.sim.policies import StaticPolicy, TidePolicy
-from infra.sim.service_model import ServiceModel, service_models
-from infra.sim.simulation import SimConfig, Simulation
-from infra.sim.traces import Job, load_trace, make_jobs
+from tide_fleet.infra.cli.main import main
+from tide_fleet.infra.fleet.fleet_config import FleetConfig, parse_fleet
+from tide_fleet.infra.sim.models import FleetModels
+from tide_fleet.infra.sim.policies import StaticPolicy, TidePolicy
+from tide_fleet.infra.sim.service_model import ServiceModel, service_models
+from tide_fleet.infra.sim.simulation import SimConfig, Simulation
+from tide_fleet.infra.sim.traces import Job, load_trace, make_jobs
 
 POOL = {"buckets": ["short", "medium", "long"], "device": "l4", "target_wait_s": 15,
         "cold_start_s": 10, "idle_s": 30, "tokens_per_s": 100, "max_workers": 2}  # fmt: skip

@@ -13,12 +13,12 @@ from typing import Any
 
 import pytest
 
-from infra.fleet.fleet_config import load_fleet
-from infra.sim.compare import simulate
-from infra.sim.models import FleetModels
-from infra.sim.results import PolicyResult
-from infra.sim.simulation import SimConfig
-from infra.sim.traces import builtin_trace, load_trace
+from tide_fleet.infra.fleet.fleet_config import load_fleet
+from tide_fleet.infra.sim.compare import simulate
+from tide_fleet.infra.sim.models import FleetModels
+from tide_fleet.infra.sim.results import PolicyResult
+from tide_fleet.infra.sim.simulation import SimConfig
+from tide_fleet.infra.sim.traces import builtin_trace, load_trace
 
 ROOT = Path(__file__).resolve().parents[3]
 FIXTURE = Path(__file__).parent / "fixtures" / "one_model.json"

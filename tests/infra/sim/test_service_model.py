@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from infra.fleet.fleet_config import load_fleet, parse_fleet
-from infra.sim.service_model import roofline_model, service_models
-from infra.sim.traces import make_jobs
+from tide_fleet.infra.fleet.fleet_config import load_fleet, parse_fleet
+from tide_fleet.infra.sim.service_model import roofline_model, service_models
+from tide_fleet.infra.sim.traces import make_jobs
 
 ROOT = Path(__file__).resolve().parents[3]
 

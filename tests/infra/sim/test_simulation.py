@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from infra.fleet.fleet_config import FleetConfig, parse_fleet
-from infra.sim.compare import simulate
-from infra.sim.policies import StaticPolicy
-from infra.sim.results import PolicyResult
-from infra.sim.service_model import ServiceModel
-from infra.sim.simulation import Simulation
-from infra.sim.traces import Job, make_jobs
+from tide_fleet.infra.fleet.fleet_config import FleetConfig, parse_fleet
+from tide_fleet.infra.sim.compare import simulate
+from tide_fleet.infra.sim.policies import StaticPolicy
+from tide_fleet.infra.sim.results import PolicyResult
+from tide_fleet.infra.sim.service_model import ServiceModel
+from tide_fleet.infra.sim.simulation import Simulation
+from tide_fleet.infra.sim.traces import Job, make_jobs
 
 
 def one_pool(**pool: object) -> FleetConfig:

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from infra.fleet.fleet_config import FleetConfig, parse_fleet
-from infra.sim.models import FleetModels
-from infra.sim.traces import builtin_trace, load_trace
-from infra.traces import JobRow, TraceError, read_job_trace
+from tide_fleet.infra.fleet.fleet_config import FleetConfig, parse_fleet
+from tide_fleet.infra.sim.models import FleetModels
+from tide_fleet.infra.sim.traces import builtin_trace, load_trace
+from tide_fleet.infra.traces import JobRow, TraceError, read_job_trace
 
 POOL = {"buckets": ["short", "medium", "long"], "device": "l4"}
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.sim.traces import builtin_trace, load_trace
+from tide_fleet.infra.sim.traces import builtin_trace, load_trace
 
 
 def write(tmp_path: Path, *lines: str) -> Path:

@@ -8,9 +8,9 @@ import time
 
 import redis
 
-from infra.wire.codec import decode_hash
-from infra.wire.jobstore import JobStore, NewJob
-from infra.wire.protocol import JobStatus, Keys
+from tide_fleet.infra.wire.codec import decode_hash
+from tide_fleet.infra.wire.jobstore import JobStore, NewJob
+from tide_fleet.infra.wire.protocol import JobStatus, Keys
 
 LATER = 5.0  # seconds past every lease these tests take (1 s)
 

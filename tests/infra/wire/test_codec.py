@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from infra.wire.codec import decode_hash, encode_value
+from tide_fleet.infra.wire.codec import decode_hash, encode_value
 
 
 @pytest.mark.parametrize(

@@ -8,8 +8,8 @@ import json
 
 import redis.asyncio
 
-from infra.wire import fleet_status as fs
-from infra.wire.protocol import Keys
+from tide_fleet.infra.wire import fleet_status as fs
+from tide_fleet.infra.wire.protocol import Keys
 
 
 def _status(pool: str, action: str, at: float) -> fs.PoolStatus:

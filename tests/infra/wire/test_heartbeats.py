@@ -7,8 +7,8 @@ import time
 
 import redis.asyncio as aredis
 
-from infra.wire.heartbeats import Heartbeat, read_heartbeats, read_heartbeats_async
-from infra.wire.protocol import Keys
+from tide_fleet.infra.wire.heartbeats import Heartbeat, read_heartbeats, read_heartbeats_async
+from tide_fleet.infra.wire.protocol import Keys
 
 BEAT = Heartbeat(
     worker_id="pool-a-host-1", pool="pool-a", buckets=("short", "medium"), pid=4242,

@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 import time
 
-from infra.wire import queues
-from infra.wire.backlog import read_backlog
-from infra.wire.jobstore import JobStore, NewJob
-from infra.wire.protocol import JobMessage, JobStatus, Keys
-from infra.wire.queues import Taker
+from tide_fleet.infra.wire import queues
+from tide_fleet.infra.wire.backlog import read_backlog
+from tide_fleet.infra.wire.jobstore import JobStore, NewJob
+from tide_fleet.infra.wire.protocol import JobMessage, JobStatus, Keys
+from tide_fleet.infra.wire.queues import Taker
 
 
 def _create(store: JobStore, job_id: str = "job_x") -> None:

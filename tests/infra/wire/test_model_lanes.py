@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 import redis
 
-from infra.jobs.schemas import JobCreate
-from infra.jobs.submission import ModelInfo, build_job
-from infra.settings import Settings
-from infra.wire.backlog import read_backlog, read_lanes
-from infra.wire.jobstore import JobStore
-from infra.wire.models import catalog, served
-from infra.wire.protocol import consume_order, parse_queue, queue_name
+from tide_fleet.infra.jobs.schemas import JobCreate
+from tide_fleet.infra.jobs.submission import ModelInfo, build_job
+from tide_fleet.infra.settings import Settings
+from tide_fleet.infra.wire.backlog import read_backlog, read_lanes
+from tide_fleet.infra.wire.jobstore import JobStore
+from tide_fleet.infra.wire.models import catalog, served
+from tide_fleet.infra.wire.protocol import consume_order, parse_queue, queue_name
 
 
 def test_the_default_model_keeps_its_queue_names_and_others_carry_theirs() -> None:

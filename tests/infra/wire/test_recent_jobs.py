@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import time
 
-from infra.wire.job_scripts import RECENT_JOBS_PER_TENANT, RECENT_JOBS_SLACK
-from infra.wire.jobstore import JobStore, NewJob
-from infra.wire.protocol import Keys
+from tide_fleet.infra.wire.job_scripts import RECENT_JOBS_PER_TENANT, RECENT_JOBS_SLACK
+from tide_fleet.infra.wire.jobstore import JobStore, NewJob
+from tide_fleet.infra.wire.protocol import Keys
 
 BIG = 10**6  # limits (tenant, queue, rate) out of the way
 

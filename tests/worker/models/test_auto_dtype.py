@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from worker.models import loader
-from worker.models.loader import resolve_dtype
+from tide_fleet.worker.models import loader
+from tide_fleet.worker.models.loader import resolve_dtype
 
 CPU = torch.device("cpu")
 

@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernels import AttentionMetadata
-from kernels.attention_metadata import PrefillChunk
 from tests.conftest import make_engine
-from worker.engine import EngineConfig, LLMEngine, SamplingParams
-from worker.models.loader import load_model
+from tide_fleet.kernels import AttentionMetadata
+from tide_fleet.kernels.attention_metadata import PrefillChunk
+from tide_fleet.worker.engine import EngineConfig, LLMEngine, SamplingParams
+from tide_fleet.worker.models.loader import load_model
 
 transformers = pytest.importorskip("transformers")
 

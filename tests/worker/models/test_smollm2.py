@@ -9,11 +9,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from infra.jobs import chat_template
-from infra.settings import DEFAULT_MODEL
 from tests.conftest import make_engine
-from worker.engine import SamplingParams
-from worker.models.registry import bundled_path, model_folder
+from tide_fleet.infra.jobs import chat_template
+from tide_fleet.infra.settings import DEFAULT_MODEL
+from tide_fleet.worker.engine import SamplingParams
+from tide_fleet.worker.models.registry import bundled_path, model_folder
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
