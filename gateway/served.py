@@ -12,10 +12,10 @@ import logging
 
 from tide_fleet.gateway.deps import GatewayState
 from tide_fleet.gateway.errors import ApiError
+from tide_fleet.infra.contract.registry import model_folder
 from tide_fleet.infra.jobs.openai_request import check_model
 from tide_fleet.infra.jobs.submission import ModelInfo, SubmissionError
 from tide_fleet.infra.wire.models import ModelCatalog, ServedModel, catalog
-from tide_fleet.worker.models.registry import model_folder
 
 log = logging.getLogger(__name__)
 

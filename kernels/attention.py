@@ -1,11 +1,11 @@
-"""Paged attention and KV-cache write: which backend runs each step.
+"""Paged attention and KV-cache write: each part of a step on the implementation
+kernels/dispatch.py names for the ops decode_attention, prefill_attention and kv_write.
 
-Backends: ``torch`` (kernels/torch_attention.py: gather the blocks, then SDPA), ``cpp`` (decode rows
-through ``kernels/csrc``'s native kernel, which reads K/V in place from the block pool;
-prefill chunks on its bf16 kernel, AMX tiles or AVX-512 BF16, where the CPU has either,
-else on SDPA) and ``triton``
-(CUDA). ``auto`` picks triton for CUDA tensors, cpp on CPU where it builds, and the
-torch reference otherwise.
+Implementations: ``torch`` (kernels/torch_attention.py: gather the blocks, then SDPA),
+``cpp-*`` (decode rows through ``kernels/csrc``'s native kernel, which reads K/V in place
+from the block pool; prefill chunks on its bf16 kernel, AMX tiles or AVX-512 BF16) and
+``triton`` (CUDA; on CPU under ``TRITON_INTERPRET=1``). ``set_attention_backend`` forces
+all three ops at once (the engine's ``--attention-backend``).
 
 Cache layout per layer, for K and for V: ``[num_kv_heads, num_blocks, block_size,
 head_dim]`` (head-major), so gathering a sequence's blocks yields one contiguous
@@ -23,21 +23,22 @@ from __future__ import annotations
 import torch
 
 from tide_fleet.kernels import cpu as cpu_kernels
-from tide_fleet.kernels import torch_attention
+from tide_fleet.kernels import dispatch, torch_attention
 from tide_fleet.kernels.attention_metadata import AttentionMetadata, DecodeGroup
 
 BACKENDS = ("auto", "torch", "cpp", "triton")
-_backend = "auto"
-_native_prefill = True
+OPS = ("decode_attention", "prefill_attention", "kv_write")
+NATIVE_DTYPES = (torch.float32, torch.bfloat16)
+ORIGIN = "the attention backend (--attention-backend)"
 
 
 def set_attention_backend(name: str) -> None:
-    """auto: Triton on CUDA tensors, the native kernel on CPU (torch reference where it
-    cannot be built); torch|cpp|triton force one.
+    """auto: the kernel table's choices (TIDE_KERNELS included); torch|cpp|triton force
+    decode attention, prefill attention and the KV write together (cpp: this CPU's native
+    kernels, prefill chunks on SDPA where it has none).
 
     Forcing triton on CPU needs TRITON_INTERPRET=1 (tests and debugging).
     """
-    global _backend
     if name not in BACKENDS:
         raise ValueError(f"attention backend must be one of {', '.join(BACKENDS)}, got {name!r}")
     if name == "triton":
@@ -46,7 +47,11 @@ def set_attention_backend(name: str) -> None:
         raise RuntimeError(
             "attention backend cpp: the native CPU kernels could not be built (see the log)"
         )
-    _backend = name
+    for op in OPS:
+        impl = {"torch": "torch", "triton": "triton"}.get(name)
+        if name == "cpp":  # this CPU's defaults: its native kernels, SDPA where it has none
+            impl = dispatch.TABLE[op][dispatch.cpu_class()].impl
+        dispatch.force(op, impl, origin=ORIGIN)
 
 
 def resolve_backend(name: str, device: torch.device, block_size: int, head_dim: int) -> str:
@@ -65,16 +70,11 @@ def resolve_backend(name: str, device: torch.device, block_size: int, head_dim: 
     return name
 
 
-def _use_triton(t: torch.Tensor) -> bool:
-    return _backend == "triton" or (_backend == "auto" and t.is_cuda)
-
-
 def decode_reads_rows_in_place(device: torch.device, dtype: torch.dtype) -> bool:
     """True where decode attention is the native kernel, which reads each row's own
     length from the block pool (so decode rows need no grouping by length)."""
-    if device.type != "cpu" or dtype not in (torch.float32, torch.bfloat16):
-        return False
-    return _backend == "cpp" or (_backend == "auto" and cpu_kernels.ops() is not None)
+    native = dispatch.is_native(dispatch.impl("decode_attention", device))
+    return native and device.type == "cpu" and dtype in NATIVE_DTYPES
 
 
 def write_kv_cache(
@@ -85,13 +85,14 @@ def write_kv_cache(
     slot_mapping: torch.Tensor,
 ) -> None:
     """Scatter the step's new K and V ([T, kv_heads, head_dim]) into their cache slots."""
-    if _use_triton(key):
+    impl = dispatch.impl("kv_write", key.device)
+    if impl == "triton":
         # Here, not at the top: Triton is optional (a dev extra; CPU-only installs lack it).
         from tide_fleet.kernels import triton_attention
 
         triton_attention.write_kv_cache(key, value, k_cache, v_cache, slot_mapping)
         return
-    if decode_reads_rows_in_place(key.device, key.dtype):
+    if dispatch.is_native(impl) and key.device.type == "cpu" and key.dtype in NATIVE_DTYPES:
         cpu_kernels.ops().write_kv_cache(key, value, k_cache, v_cache, slot_mapping)
         return
     torch_attention.write_kv_cache(key, value, k_cache, v_cache, slot_mapping)
@@ -111,9 +112,13 @@ def paged_attention(
     key/value are this step's new K/V (already written to the cache); a prefill chunk
     with no cached prefix attends to them directly and skips the gather.
     """
-    if _use_triton(query):
+    device = query.device
+    decode = dispatch.impl("decode_attention", device)
+    prefill = dispatch.impl("prefill_attention", device)
+    if decode == "triton" and prefill == "triton":
         return _triton_attention(query, k_cache, v_cache, meta, scale)
-    cpp = decode_reads_rows_in_place(query.device, query.dtype)
+    on_cpu = device.type == "cpu" and query.dtype in NATIVE_DTYPES
+    cpp = on_cpu and dispatch.is_native(decode)
     if cpp and not meta.prefills and len(meta.decode_groups) == 1:
         # the whole step: no scatter into a separate output
         return _cpp_decode(query, k_cache, v_cache, meta.decode_groups[0], scale)
@@ -121,11 +126,15 @@ def paged_attention(
     for group in meta.decode_groups:
         if cpp:
             out[group.rows] = _cpp_decode(query[group.rows], k_cache, v_cache, group, scale)
+        elif decode == "triton":
+            out[group.rows] = _triton_decode(query[group.rows], k_cache, v_cache, group, scale)
         else:
             out[group.rows] = torch_attention.decode_attention(
                 query[group.rows], k_cache, v_cache, group, scale
             )
-    native = cpp and native_prefill(query.dtype, query.shape[2])
+    if prefill == "triton":
+        return _triton_prefill(query, k_cache, v_cache, meta, scale, out)
+    native = on_cpu and dispatch.is_native(prefill) and _pairs_take(query.dtype, query.shape[2])
     if native and meta.prefill_batch is not None:  # every chunk in one call, into out
         b = meta.prefill_batch
         cpu_kernels.ops().prefill_attention_varlen(
@@ -197,21 +206,23 @@ def shared_prefix_tokens(group: DecodeGroup, block_size: int) -> int:
     return tokens
 
 
-def native_prefill(dtype: torch.dtype, head_dim: int) -> bool:
+def native_prefill(dtype: torch.dtype, head_dim: int, device: torch.device | str = "cpu") -> bool:
     """True where prefill chunks (and decode rows sharing a long prefix) run on the native
-    bf16 kernels (bf16, head_dim a multiple of 32, a CPU with AMX tiles or AVX-512 BF16):
-    on AMX 1.7-4.1x torch's CPU flash attention on its chunks, see
-    ``python scripts/bench_cpu_attention.py``; elsewhere SDPA."""
-    if not _native_prefill or dtype != torch.bfloat16 or head_dim % 32:
-        return False
-    return cpu_kernels.native_prefill()
+    bf16 kernels: prefill_attention is cpp-amx or cpp-avx512bf16 here, and the chunk is
+    bf16 with head_dim a multiple of 32; elsewhere SDPA."""
+    native = dispatch.is_native(dispatch.impl("prefill_attention", device))
+    return native and _pairs_take(dtype, head_dim)
+
+
+def _pairs_take(dtype: torch.dtype, head_dim: int) -> bool:
+    return dtype == torch.bfloat16 and head_dim % 32 == 0 and cpu_kernels.native_prefill()
 
 
 def set_native_prefill(enabled: bool) -> None:
     """Off: CPU prefill chunks take SDPA (and shared-prefix decode rows the per-row kernel)
-    even where the native bf16 kernels run (comparisons, tests)."""
-    global _native_prefill
-    _native_prefill = enabled
+    even where the native bf16 kernels run (comparisons, tests): prefill_attention forced
+    to torch until it is turned back on."""
+    dispatch.force("prefill_attention", None if enabled else "torch", origin="set_native_prefill")
 
 
 def _triton_attention(
@@ -221,15 +232,38 @@ def _triton_attention(
     meta: AttentionMetadata,
     scale: float,
 ) -> torch.Tensor:
+    out = torch.empty_like(query)
+    for g in meta.decode_groups:
+        out[g.rows] = _triton_decode(query[g.rows], k_cache, v_cache, g, scale)
+    return _triton_prefill(query, k_cache, v_cache, meta, scale, out)
+
+
+def _triton_decode(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    g: DecodeGroup,
+    scale: float,
+) -> torch.Tensor:
     # Here, not at the top: Triton is optional (a dev extra; CPU-only installs lack it).
+    from tide_fleet.kernels import triton_attention as tk
+
+    return tk.decode_attention(
+        query, k_cache, v_cache, g.block_tables, g.context_lens, scale, g.max_context
+    )
+
+
+def _triton_prefill(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+    out: torch.Tensor,
+) -> torch.Tensor:
     from tide_fleet.kernels import triton_attention as tk
     from tide_fleet.kernels import triton_prefill
 
-    out = torch.empty_like(query)
-    for g in meta.decode_groups:
-        out[g.rows] = tk.decode_attention(
-            query[g.rows], k_cache, v_cache, g.block_tables, g.context_lens, scale, g.max_context
-        )
     if meta.prefill_batch is not None:  # every chunk in one launch, written into out in place
         triton_prefill.prefill_attention_varlen(
             query, k_cache, v_cache, meta.prefill_batch, scale, out=out

@@ -1,4 +1,4 @@
-"""Native CPU kernels (kernels/csrc: the SOURCES and HEADERS below), built on first use.
+"""Native CPU kernels (every file under kernels/csrc), built on first use.
 
 ``ops()`` builds the C++ files once, as one extension, with ``-O3 -march=native`` through
 ``torch.utils.cpp_extension`` and returns ``torch.ops.tide``, or ``None`` where the
@@ -41,36 +41,10 @@ else:
 log = logging.getLogger(__name__)
 
 CSRC = Path(__file__).with_name("csrc")
-# One extension from these files: the elementwise/decode kernels, the small-batch GEMV (AMX
-# tiles or AVX-512 BF16) and the GEMM past it (AMX tiles), whole steps in one call, and
-# attention on bf16 pairs (prefill chunks; decode rows sharing a cached prefix: AMX tiles or
-# AVX-512 BF16) with the headers they include.
-SOURCES = (
-    CSRC / "cpu_kernels.cpp",
-    CSRC / "cpu_elementwise.cpp",
-    CSRC / "cpu_gemv.cpp",
-    CSRC / "cpu_gemm.cpp",
-    CSRC / "cpu_gemm_f32.cpp",
-    CSRC / "cpu_step.cpp",
-    CSRC / "cpu_prefill.cpp",
-    CSRC / "cpu_shared_decode.cpp",
-)
-HEADERS = (
-    CSRC / "cpu_ops.h",
-    CSRC / "bf16_lanes.h",
-    CSRC / "packed_weight.h",
-    CSRC / "kv_pack_bf16.h",
-    CSRC / "online_softmax.h",
-    CSRC / "amx_tiles.h",
-    CSRC / "amx_tile_pass.h",
-    CSRC / "avx512_bf16_pass.h",
-    CSRC / "attention_passes.h",
-    CSRC / "decode_amx.h",
-    CSRC / "decode_amx_pv.h",
-    CSRC / "decode_avx2.h",
-    CSRC / "longest_first.h",
-    CSRC / "silu_avx512.h",
-)
+# One extension from every file under csrc, grouped by op (gemv/, gemm/, attention/,
+# elementwise/, step/; common/ for what several share), ISA variants named as such.
+SOURCES = tuple(sorted(CSRC.rglob("*.cpp")))
+HEADERS = tuple(sorted(CSRC.rglob("*.h")))
 CFLAGS = ("-O3", "-march=native", "-fopenmp")
 LDFLAGS = ("-fopenmp",)
 LOCK_NAME = "tide-build.lock"
@@ -114,7 +88,10 @@ def build_dir() -> Path:
 
 
 def _source_bytes() -> bytes:
-    return b"\0".join(src.name.encode() + b"\0" + src.read_bytes() for src in SOURCES + HEADERS)
+    return b"\0".join(
+        src.relative_to(CSRC).as_posix().encode() + b"\0" + src.read_bytes()
+        for src in SOURCES + HEADERS
+    )
 
 
 def load(directory: Path, wait_s: float = BUILD_WAIT_S) -> Any | None:
@@ -124,7 +101,7 @@ def load(directory: Path, wait_s: float = BUILD_WAIT_S) -> Any | None:
             # Only holders of our lock build here: torch's own lock file, if there is
             # one, was left by a build that was killed, and would make torch wait forever.
             (directory / "lock").unlink(missing_ok=True)
-            for header in HEADERS:  # beside the sources, for their #include "..."
+            for header in HEADERS:  # the tree the sources #include "op/file.h" from
                 _staged_source(header, directory)
             _build_and_load([_staged_source(src, directory) for src in SOURCES], directory)
     except Exception as exc:  # any build failure, or a wait past wait_s: use the torch path
@@ -158,22 +135,38 @@ def gemv_step_rows() -> int:
     return int(native.gemv_step_rows()) if native is not None else 0
 
 
+@functools.cache
+def isa() -> str:
+    """What the native kernels' fastest paths run on here: "amx", "avx512bf16", "avx512"
+    (no bf16 dot product), "avx2", "generic" (portable loops), or "" (no native kernels).
+    kernels/dispatch.py names this CPU's hardware class after it."""
+    native = ops()
+    if native is None:
+        return ""
+    if native.gemm_rows_ready():
+        return "amx"
+    if native.gemv_max_rows() > 0:
+        return "avx512bf16"
+    vector = str(native.decode_attention_isa())
+    return vector if vector in ("avx512", "avx2") else "generic"
+
+
 def gemm_f32_preferred() -> bool:
-    """float32 projections take the native AVX2 GEMM (kernels/csrc/cpu_gemm_f32.cpp): the
+    """float32 projections can take the native AVX2 GEMM (csrc/gemm/gemm_f32_avx2.cpp): the
     build has AVX2 + FMA and the CPU no AVX-512, where oneDNN's own kernels are wider."""
     native = ops()
     return native is not None and bool(native.gemm_f32_preferred())
 
 
 def gemm_rows_ready() -> bool:
-    """The native bf16 GEMM (kernels/csrc/cpu_gemm.cpp) runs here: AMX tiles granted."""
+    """The native bf16 GEMM (csrc/gemm/gemm_amx.cpp) runs here: AMX tiles granted."""
     native = ops()
     return native is not None and bool(native.gemm_rows_ready())
 
 
 @functools.cache
 def native_prefill() -> bool:
-    """The native bf16 prefill attention kernel runs here (kernels/csrc/cpu_prefill.cpp): on
+    """The native bf16 prefill attention kernel runs here (csrc/attention/prefill.cpp): on
     AMX tiles (the OS granted this process the tile state) or AVX-512 BF16."""
     native = ops()
     return native is not None and bool(native.prefill_attention_supported())
@@ -189,16 +182,11 @@ def main() -> int:
     """Build now and say what is available (``make kernels``, before tests and workers)."""
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     native = ops()
-    if native is None:
-        print("native CPU kernels: not available; the engine uses its torch path")
-    else:
-        print(
-            f"native CPU kernels: ready in {build_dir()} "
-            f"(GEMV for up to {gemv_max_rows()} rows; 0 = this CPU lacks AVX-512 BF16; "
-            f"GEMM past them: {'AMX' if gemm_rows_ready() else 'oneDNN'}; "
-            f"float32 projections: {'Tide AVX2 GEMM' if gemm_f32_preferred() else 'oneDNN'}; "
-            f"bf16 attention on {attention_pass_isa() or 'SDPA: no AMX or AVX-512 BF16'})"
-        )
+    where = f"ready in {build_dir()}" if native is not None else "not available"
+    print(
+        f"native CPU kernels: {where}; this CPU's class: cpu-{isa() or 'no-native'} "
+        f"(python -m tide_fleet.kernels: the kernel serving each op)"
+    )
     return 0
 
 
@@ -210,6 +198,7 @@ def _build_and_load(sources: list[Path], directory: Path) -> None:
         sources=[str(src) for src in sources],
         extra_cflags=list(CFLAGS),
         extra_ldflags=list(LDFLAGS),
+        extra_include_paths=[str(directory / "csrc")],
         build_directory=str(directory),
         is_python_module=False,
         verbose=False,
@@ -219,7 +208,8 @@ def _build_and_load(sources: list[Path], directory: Path) -> None:
 def _staged_source(source: Path, directory: Path) -> Path:
     # Rewritten only when it differs: a fresh mtime alone would make ninja rebuild.
     text = source.read_bytes()
-    staged = directory / source.name
+    staged = directory / "csrc" / source.relative_to(CSRC)
+    staged.parent.mkdir(parents=True, exist_ok=True)
     if not staged.is_file() or staged.read_bytes() != text:
         partial = staged.with_name(staged.name + ".partial")
         partial.write_bytes(text)

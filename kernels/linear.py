@@ -1,34 +1,25 @@
-"""Dense projections. On CPU in bfloat16, weights are pre-packed once.
+"""Dense projections, y = x W^T + b, on the implementation kernels/dispatch.py names for the
+ops gemv (a decode step's few rows) and gemm (every other row count).
 
-The two regimes of a decode engine:
-- up to ``gemv_step_rows()`` rows (decode batches: 40 on AMX, 2 with AVX-512 BF16 alone),
-  the native GEMV of ``kernels/csrc/cpu_gemv.cpp`` streams its own layout at about the
-  machine's plain read rate up to 32 rows, 1.2-1.7x oneDNN's packed matmul at 1-64 rows
-  (``python scripts/bench_gemv.py``);
-- more rows (prefill chunks, mixed steps): on AMX, the native GEMM of
-  ``kernels/csrc/cpu_gemm.cpp`` on the same packed weight (one copy for every row count,
-  no padding), 1.4-1.8x oneDNN's packed matmul at 96 rows, 1.2-1.5x at 128, about level
-  (0.9-1.35x) at 256-1,024 and 2x where oneDNN falls off its cliff
-  (``python scripts/bench_gemm.py``); elsewhere oneDNN's packed matmul (AVX-512 or AVX2),
-  about a third faster than ``F.linear`` on plain tensors.
-Without AMX the GEMV copy sits beside oneDNN's and doubles the weight memory of a CPU
-worker; set ``TIDE_CPU_KERNELS=0`` to trade that latency for memory. Where the oneDNN op
-is missing or disagrees with ``F.linear`` on a probe, the plain path is used; the choice
-is made once per process. The rest of this note is about oneDNN's path.
+On CPU in bfloat16 the weight is packed once at load: for the native GEMV and the AMX GEMM
+(one layout, one copy for every row count, no padding), or for oneDNN's packed matmul. A
+weight keeps oneDNN's copy beside the GEMV's where the GEMM is oneDNN's (no AMX): twice the
+weight memory, ``TIDE_KERNELS=gemv=gemm`` trades the decode speed for it back. float32 takes
+the native AVX2 GEMM on ``cpu-avx2``, else oneDNN's packed matmul; whatever the chosen
+implementation cannot take (dtype, shape, a oneDNN that disagrees with ``F.linear`` on a
+probe) falls back to ``F.linear``.
 
-oneDNN builds (JITs) a matmul for every new row count it sees, and a mixed step's row
-count is new almost every time: a first call at 400 rows took twice as long as the next
-one. So the packed matmul runs at a few fixed row counts (``packed_rows``: multiples of 8
-up to 64 rows, of 64 above), the rows padded with zeros, and ``Linear.warm_up`` builds
-them all when the model loads.
+oneDNN builds (JITs) a matmul for every new row count, and a mixed step's row count is new
+almost every time (a first call at 400 rows takes twice the next). So the packed matmul
+runs at fixed row counts (``packed_rows``: multiples of 8 up to 64 rows, of 64 above), the
+rows padded with zeros, and ``Linear.warm_up`` builds them all when the model loads.
 
 oneDNN's rate also falls off a cliff past some row count for some shapes: on the bench
-model's o projection (1,024 x 1,024, 9 layers, AMX, 2 threads) 1,024 rows ran at 1.19
-TFLOP/s in one call and 1.76 in two of 512, while qkv, gate|up and down ran 0.85-0.89x as
-fast in pieces (``python scripts/bench_linear_split.py``). So at load the model times each
-shape's largest bucket in one call against ``SPLIT_ROWS``-row pieces, over every layer's
-weights (``choose_row_split``: about 0.4 s), and a shape whose pieces won runs its large
-calls as pieces: long prompts (``scripts/bench_peers.py --workloads long``) 1.05-1.07x.
+model's o projection (1,024 x 1,024, AMX, 2 threads) 1,024 rows ran at 1.19 TFLOP/s in one
+call and 1.76 in two of 512 (``python scripts/bench_linear_split.py``). So at load the model
+times each shape's largest bucket in one call against ``SPLIT_ROWS``-row pieces, over every
+layer's weights (``choose_row_split``: about 0.4 s), and a shape whose pieces won runs its
+large calls as pieces: long prompts 1.05-1.07x (``scripts/bench_peers.py --workloads long``).
 """
 
 from __future__ import annotations
@@ -41,25 +32,12 @@ import torch
 import torch.nn.functional as F
 
 from tide_fleet.kernels import cpu as cpu_kernels
+from tide_fleet.kernels import dispatch
 
-# The row count oneDNN lays the packed weight out for. The packed matmul serves the rows
-# past the GEMV's (3+ without AMX); packed for 64 rows instead of 1, a decode-heavy run
-# (32 requests x 48 tokens, dummy:bench) took 1.20x less time and a prefill-heavy one
-# (4 x 2,000-token prompts) 1.015x, alternating in one process (docs: README, engine).
+# The row count oneDNN lays the packed weight out for: packed for 64 rows instead of 1, a
+# decode-heavy run (32 requests x 48 tokens, dummy:bench) took 1.20x less time and a
+# prefill-heavy one (4 x 2,000-token prompts) 1.015x, alternating in one process.
 PACK_BATCH_HINT = 64
-
-
-# float32 on CPU takes the packed path too: oneDNN's packed fp32 matmul on an AVX2-only
-# EPYC against F.linear (MKL) on the bench model's projections: 1.3-1.9x at 32-64 rows,
-# 1.0-1.2x at 256, 0.85-0.97x at 1,024 (session 17, /tmp harness; engine A/B in the docs).
-PACK_FLOAT32 = True
-
-# float32 on CPUs with AVX2 + FMA but no AVX-512 (AMD Zen 2/3) takes Tide's own GEMM
-# (kernels/csrc/cpu_gemm_f32.cpp) at every row count instead, its packed weight the only
-# copy: on an AMD EPYC (Zen 3, 2 threads) 2.0-2.3x oneDNN's packed matmul at 1 row (which
-# runs a row bucket of 8), 1.3-1.6x at 8-16, 1.1-1.3x at 32-64, about level (0.89-1.09x) at
-# 256-1,024 (``python scripts/bench_gemm.py --dtype float32 --rows 1,8,16,32,64,256,1024``).
-NATIVE_FLOAT32 = True
 
 # Row buckets of the packed matmul: small steps (decode batches) are bound by the weight
 # read, so 8 more rows cost almost nothing; above SMALL_ROWS a step pads at most 63 rows.
@@ -108,21 +86,26 @@ class Linear:
         self.out_features, self.in_features = weight.shape
         self.bias = bias
         self.dtype = weight.dtype
+        gemv, gemm = dispatch.impl("gemv", weight.device), dispatch.impl("gemm", weight.device)
         cpu_bf16 = weight.device.type == "cpu" and weight.dtype == torch.bfloat16
-        self.gemv_rows = 0
-        self.gemv_weight: torch.Tensor | None = None
-        if cpu_bf16 and self.in_features % 32 == 0 and cpu_kernels.gemv_max_rows() > 0:
-            self.gemv_weight = cpu_kernels.ops().gemv_pack_bf16(weight)
-            self.gemv_rows = cpu_kernels.gemv_step_rows()
-        # More rows on the native GEMM over the GEMV's weight (AMX): then it is the only copy.
-        self.gemm = self.gemv_weight is not None and cpu_kernels.gemm_rows_ready()
         cpu_fp32 = weight.device.type == "cpu" and weight.dtype == torch.float32
-        # float32 on Tide's AVX2 GEMM where the CPU has no AVX-512 (its only weight copy).
-        self.f32 = cpu_fp32 and NATIVE_FLOAT32 and cpu_kernels.gemm_f32_preferred()
+        self.gemv_rows = 0  # rows up to this many take the native GEMV
+        self.gemv_weight: torch.Tensor | None = None  # its packed weight, the AMX GEMM's too
+        takes_pack = gemv != "gemm" or gemm == "cpp-amx"
+        if takes_pack and cpu_bf16 and self.in_features % 32 == 0 and cpu_kernels.gemv_max_rows():
+            self.gemv_weight = cpu_kernels.ops().gemv_pack_bf16(weight)
+            self.gemv_rows = cpu_kernels.gemv_step_rows() if gemv != "gemm" else 0
+        # More rows on the native GEMM over the GEMV's weight (AMX): then it is the only copy.
+        self.gemm = (
+            gemm == "cpp-amx" and self.gemv_weight is not None and cpu_kernels.gemm_rows_ready()
+        )
+        # float32 on Tide's AVX2 GEMM (its packed weight the only copy).
+        self.f32 = gemm == "cpp-avx2" and cpu_fp32 and cpu_kernels.gemm_f32_preferred()
         self.packed = (
-            not self.gemm
+            gemm != "torch"
+            and not self.gemm
             and not self.f32
-            and (cpu_bf16 or (cpu_fp32 and PACK_FLOAT32))
+            and (cpu_bf16 or cpu_fp32)
             and torch.backends.mkldnn.is_available()
             and _packed_linear_works(weight.dtype)
         )
@@ -136,10 +119,15 @@ class Linear:
             self.weight = weight
         self.split_rows = 0  # > 0: packed calls of more rows run in pieces of this many
         # A gate|up projection whose SiLU(gate) * up the GEMV's and GEMM's tiles produce
-        # directly (``silu_glu``): AMX, no bias, whole 16-column groups per half.
+        # directly (``silu_glu``; activation cpp-amx): no bias, whole 16-column groups per half.
         half = self.out_features // 2
         self.fuses_silu = (
-            self.gemm and bias is None and self.out_features % 2 == 0 and half % 16 == 0
+            dispatch.impl("activation", weight.device) == "cpp-amx"
+            and self.gemm
+            and self.gemv_rows > 0
+            and bias is None
+            and self.out_features % 2 == 0
+            and half % 16 == 0
         )
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:

@@ -22,12 +22,12 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from tide_fleet.infra.cli.batch import run_fleet
+from tide_fleet.infra.cli.batch_offline import run_offline
+from tide_fleet.infra.fleet.local_fleet import wait_ready
+from tide_fleet.infra.fleet.redis_server import free_port
 
-from tide_fleet.infra.cli.batch import run_fleet  # noqa: E402
-from tide_fleet.infra.cli.batch_offline import run_offline  # noqa: E402
-from tide_fleet.infra.fleet.local_fleet import wait_ready  # noqa: E402
-from tide_fleet.infra.fleet.redis_server import free_port  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 STORIES = ROOT.parent / "shared/models/stories260K"
 PROMPTS = ["Once upon a time", "Lily wanted to", "The little dog", "One day, a big bear", "Tom had"]

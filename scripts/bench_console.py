@@ -37,20 +37,20 @@ from pathlib import Path
 import httpx
 import redis
 
-ROOT = Path(__file__).resolve().parents[1]
+from tide_fleet.infra.batches.store import BatchStore
+from tide_fleet.infra.bench.open_loop import post_open_loop
+from tide_fleet.infra.fleet.local_fleet import wait_ready
+from tide_fleet.infra.fleet.redis_server import EmbeddedRedis, free_port
+from tide_fleet.infra.jobs.schemas import JobCreate
+from tide_fleet.infra.jobs.submission import ModelInfo, build_job
+from tide_fleet.infra.settings import Settings
+from tide_fleet.infra.stats import percentile
+from tide_fleet.infra.wire import fleet_status
+from tide_fleet.infra.wire.heartbeats import Heartbeat
+from tide_fleet.infra.wire.jobstore import JobStore
+from tide_fleet.infra.wire.protocol import Keys
 
-from tide_fleet.infra.batches.store import BatchStore  # noqa: E402
-from tide_fleet.infra.bench.open_loop import post_open_loop  # noqa: E402
-from tide_fleet.infra.fleet.local_fleet import wait_ready  # noqa: E402
-from tide_fleet.infra.fleet.redis_server import EmbeddedRedis, free_port  # noqa: E402
-from tide_fleet.infra.jobs.schemas import JobCreate  # noqa: E402
-from tide_fleet.infra.jobs.submission import ModelInfo, build_job  # noqa: E402
-from tide_fleet.infra.settings import Settings  # noqa: E402
-from tide_fleet.infra.stats import percentile  # noqa: E402
-from tide_fleet.infra.wire import fleet_status  # noqa: E402
-from tide_fleet.infra.wire.heartbeats import Heartbeat  # noqa: E402
-from tide_fleet.infra.wire.jobstore import JobStore  # noqa: E402
-from tide_fleet.infra.wire.protocol import Keys  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 TENANT_KEY, OPERATOR_KEY = "bench-key", "op-key"
 

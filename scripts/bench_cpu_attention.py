@@ -8,7 +8,7 @@ Prefill chunks (bench model shape: 16 query heads over 4 KV heads, head_dim 64, 
 prefix, two flash calls merged). Decode: 64 rows sharing a 1,024-token cached prefix plus
 46 keys of their own, ``tide::decode_shared_prefix`` against the per-row
 ``tide::paged_decode_attention``. Each pair alternates in one process; reported: the best
-time of each and the median of the per-pair ratios (this machine's speed drifts, so read
+time of each and the median of the per-pair ratios (a shared machine's speed drifts, so read
 the ratios). Needs a CPU with AMX or AVX-512 BF16 (the kernels run on tiles where there
 are any).
 

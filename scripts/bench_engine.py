@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import random
 import statistics
@@ -29,23 +28,10 @@ os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")  # as `tide` does, before tor
 
 import torch
 
+from tide_fleet.infra.bench.peer_workloads import mixed as workload
+from tide_fleet.infra.contract.model_config import ModelConfig
 from tide_fleet.worker.engine import LLMEngine, SamplingParams
-from tide_fleet.worker.models.config import ModelConfig
 from tide_fleet.worker.models.resolve import resolve_model_path
-
-
-def workload(n: int, seed: int, max_len: int) -> list[tuple[list[int], int]]:
-    """(prompt ids, output length): lognormal lengths, about 80% short and 20% long."""
-    rng = random.Random(seed)
-    out = []
-    for _ in range(n):
-        long = rng.random() < 0.2
-        p_mu, o_mu = (math.log(512), math.log(128)) if long else (math.log(48), math.log(32))
-        plen = int(min(max(rng.lognormvariate(p_mu, 0.5), 4), 2048))
-        olen = int(min(max(rng.lognormvariate(o_mu, 0.5), 4), 384))
-        plen = min(plen, max_len - olen - 1)
-        out.append(([1, *(rng.randrange(4, 260) for _ in range(plen - 1))], olen))
-    return out
 
 
 def bench_tide(folder: Path, work, args) -> dict:

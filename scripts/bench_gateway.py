@@ -30,14 +30,14 @@ from pathlib import Path
 import httpx
 import redis
 
-ROOT = Path(__file__).resolve().parents[1]
+from tide_fleet.infra.bench.open_loop import post_open_loop
+from tide_fleet.infra.fleet.fleet_config import split_model_spec
+from tide_fleet.infra.fleet.local_fleet import wait_ready
+from tide_fleet.infra.fleet.redis_server import EmbeddedRedis, free_port
+from tide_fleet.infra.stats import percentile
+from tide_fleet.worker.models.resolve import resolve_model_path
 
-from tide_fleet.infra.bench.open_loop import post_open_loop  # noqa: E402
-from tide_fleet.infra.fleet.fleet_config import split_model_spec  # noqa: E402
-from tide_fleet.infra.fleet.local_fleet import wait_ready  # noqa: E402
-from tide_fleet.infra.fleet.redis_server import EmbeddedRedis, free_port  # noqa: E402
-from tide_fleet.infra.stats import percentile  # noqa: E402
-from tide_fleet.worker.models.resolve import resolve_model_path  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 STORIES = ROOT.parent / "shared/models/stories260K"
 

@@ -25,11 +25,11 @@ os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")  # as `tide` does, before tor
 
 import torch
 
+from tide_fleet.infra.contract.model_config import ModelConfig
 from tide_fleet.kernels import cpu as cpu_kernels
 from tide_fleet.kernels import linear
 from tide_fleet.kernels.linear import Linear
 from tide_fleet.worker.engine.host_memory import keep_step_buffers
-from tide_fleet.worker.models.config import ModelConfig
 from tide_fleet.worker.models.resolve import resolve_model_path
 
 

@@ -27,38 +27,20 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+import torch
+
+from tide_fleet.infra.bench.peer_workloads import make_workload
+from tide_fleet.infra.contract.model_config import ModelConfig
+from tide_fleet.worker.models.loader import native_dtype
+from tide_fleet.worker.models.resolve import resolve_model_path
+
 ROOT = Path(__file__).resolve().parents[1]
 PEERS_PYTHON = ROOT / ".venv-peers" / "bin" / "python"
-
-import torch  # noqa: E402
-from bench_engine import workload as mixed_workload  # noqa: E402
-
-from tide_fleet.worker.models.config import ModelConfig  # noqa: E402
-from tide_fleet.worker.models.loader import native_dtype  # noqa: E402
-from tide_fleet.worker.models.resolve import resolve_model_path  # noqa: E402
-
-
-def make_workload(name: str, seed: int, max_len: int) -> list[tuple[list[int], int]]:
-    rng = random.Random(seed)
-
-    def tokens(n: int) -> list[int]:
-        return [rng.randrange(4, 260) for _ in range(n)]
-
-    if name == "mixed":
-        return mixed_workload(200, seed, max_len)
-    if name == "long":
-        plen = min(2000, max_len - 65)
-        return [([1, *tokens(plen - 1)], 64) for _ in range(64)]
-    if name == "shared":
-        system = [1, *tokens(1023)]
-        return [(system + tokens(16), 64) for _ in range(64)]
-    raise SystemExit(f"unknown workload {name!r}: mixed, long or shared")
 
 
 def run_tide(folder: Path, work_file: Path, args: argparse.Namespace, profile: bool) -> dict:

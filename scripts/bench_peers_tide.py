@@ -26,28 +26,11 @@ os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")  # as `tide` does, before tor
 
 import torch
 
+from tide_fleet.infra.bench.op_kinds import op_kind
 from tide_fleet.infra.bench.peer_args import peer_parser
 from tide_fleet.infra.plan.roofline import DevicePeaks, ModelCost, run_roofline_seconds
 from tide_fleet.infra.stats import percentile
 from tide_fleet.worker.engine import LLMEngine, SamplingParams
-
-# tide::gemv_bf16, tide::gemm_bf16 and tide::gate_up_silu_bf16 (gate|up with its SiLU * up
-# in the epilogue) count as matmuls, tide::decode_shared_prefix as
-# attention. The whole-step calls (tide::decode_layers, tide::step_layers_packed) record each
-# kernel they call under its own name, so only their glue (views, copies) is left in their
-# self time: other ops.
-MATMUL = ("aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear", "mkldnn",
-          "gemv", "gemm", "gate_up_silu")  # fmt: skip
-ATTENTION = ("attention", "sdpa", "scaled_dot_product", "write_kv_cache", "flash", "shared_prefix")
-
-
-def op_kind(name: str) -> str:
-    low = name.lower()
-    if any(low.startswith(m) or m in low for m in MATMUL):
-        return "matmul"
-    if any(a in low for a in ATTENTION):
-        return "attention"
-    return "other_ops"
 
 
 def measure_peaks(engine: LLMEngine) -> DevicePeaks:

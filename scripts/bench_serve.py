@@ -36,16 +36,14 @@ from typing import Any
 
 import httpx
 
+from tide_fleet.infra.bench.peer_workloads import mixed as mixed_workload
+from tide_fleet.infra.fleet.redis_server import free_port
+from tide_fleet.worker.models.resolve import resolve_model_path
+
 ROOT = Path(__file__).resolve().parents[1]
 PEERS_PYTHON = ROOT / ".venv-peers" / "bin" / "python"
 LLAMA_SERVER = ROOT / ".venv-peers" / "bin" / "llama-server"  # make bench-llamacpp
 TIDE = ROOT / ".venv" / "bin" / "tide"
-
-from bench_engine import workload as mixed_workload  # noqa: E402
-
-from tide_fleet.infra.fleet.redis_server import free_port  # noqa: E402
-from tide_fleet.worker.models.resolve import resolve_model_path  # noqa: E402
-
 CHAT_TEMPLATE = (
     "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
     "{% if add_generation_prompt %}assistant:{% endif %}"

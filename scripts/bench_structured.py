@@ -41,12 +41,12 @@ os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")  # as `tide` does, before tor
 
 import torch
 
+from tide_fleet.infra.contract.structured import StructuredOutput, validate
+from tide_fleet.infra.contract.tokenizer import Tokenizer
 from tide_fleet.worker.engine import EngineConfig, LLMEngine, SamplingParams
 from tide_fleet.worker.engine.grammar import GrammarMatchers
-from tide_fleet.worker.engine.structured import StructuredOutput, validate
 from tide_fleet.worker.models.loader import load_model
 from tide_fleet.worker.models.resolve import resolve_model_path
-from tide_fleet.worker.models.tokenizer import Tokenizer
 
 ADDRESS = {
     "type": "object",

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""What the engine does on a real GPU today (issue 15, "Measured, not assumed"): one command,
-one JSON line on stdout, a few minutes on an H200.
+"""What the engine does on a real GPU: one command, one JSON line on stdout, a few minutes
+on an H200. It imports the installed ``tide_fleet`` (``pip install -e .``; on a machine with
+no index, ``pip install --no-deps --no-build-isolation -e .``).
 
     python scripts/gpu_check.py            # random-weight Llama-3-8B and Qwen2.5-7B shapes, bf16
     python scripts/gpu_check.py --smoke    # a tiny shape, any device (CI runs it on CPU)
@@ -41,52 +42,11 @@ import torch
 from gpu_decode import copy_bandwidth, decode_steps, device_time, section, sync, timed
 from gpu_greedy import greedy_match, logits_gap, stories_references
 
+from tide_fleet.worker.models.random_model import SHAPES, build_random_model
+
 ALLOWED = {"torch", "triton", "safetensors", "tokenizers", "numpy", "xxhash"}
-SHAPES: dict[str, dict[str, Any]] = {
-    "llama3-8b": dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336,
-                      num_layers=32, num_heads=32, num_kv_heads=8, head_dim=128,
-                      max_position_embeddings=8192, rope_theta=500000.0),
-    "qwen2.5-7b": dict(vocab_size=152064, hidden_size=3584, intermediate_size=18944,
-                       num_layers=28, num_heads=28, num_kv_heads=4, head_dim=128,
-                       max_position_embeddings=32768, rope_theta=1000000.0, qkv_bias=True),
-    "tiny": dict(vocab_size=260, hidden_size=64, intermediate_size=128, num_layers=2,
-                 num_heads=4, num_kv_heads=2, head_dim=16, max_position_embeddings=2048),
-}  # fmt: skip
 FULL = dict(batches=(1, 16, 64), contexts=(512, 4096), prefills=(1024, 8192), reps=10)
 SMOKE = dict(batches=(1, 4), contexts=(32, 80), prefills=(64, 128), reps=2)
-
-
-def build_random_model(shape: dict[str, Any], device: torch.device, dtype: torch.dtype):  # type: ignore[no-untyped-def]
-    """A LlamaModel of this shape with N(0, 0.02) weights made on the device (empty on meta)."""
-    from tide_fleet.kernels.linear import Linear
-    from tide_fleet.worker.models.config import ModelConfig
-    from tide_fleet.worker.models.llama import LayerWeights, LlamaModel
-
-    cfg = ModelConfig(architecture="LlamaForCausalLM", eos_token_ids=[2], **shape)
-    gen = None if device.type == "meta" else torch.Generator(device=device).manual_seed(0)
-
-    def mat(*size: int) -> torch.Tensor:
-        if gen is None:
-            return torch.empty(size, dtype=dtype, device=device)
-        return torch.randn(size, generator=gen, dtype=dtype, device=device).mul_(0.02)
-
-    def ones(n: int) -> torch.Tensor:
-        return torch.ones(n, dtype=dtype, device=device)
-
-    d, hd, inter = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
-    q, kv = cfg.num_heads * hd, cfg.num_kv_heads * hd
-    layers = [
-        LayerWeights(
-            input_norm=ones(d),
-            qkv=Linear(mat(q + 2 * kv, d), mat(q + 2 * kv) if cfg.qkv_bias else None),
-            o=Linear(mat(d, q)),
-            post_norm=ones(d),
-            gate_up=Linear(mat(2 * inter, d)),
-            down=Linear(mat(d, inter)),
-        )
-        for _ in range(cfg.num_layers)
-    ]
-    return LlamaModel(cfg, mat(cfg.vocab_size, d), layers, ones(d), Linear(mat(cfg.vocab_size, d)))
 
 
 def startup(model, device: torch.device) -> dict[str, Any]:  # type: ignore[no-untyped-def]
@@ -108,9 +68,9 @@ def startup(model, device: torch.device) -> dict[str, Any]:  # type: ignore[no-u
 
 
 def sampler_cost(vocab: int, device: torch.device, reps: int) -> dict[str, Any]:
+    from tide_fleet.infra.contract.sampling_params import SamplingParams
     from tide_fleet.worker.engine.request import Request
     from tide_fleet.worker.engine.sampler import Sampler
-    from tide_fleet.worker.engine.sampling_params import SamplingParams
 
     sampler, out = Sampler(device, seed=0), {}
     logits = torch.randn(64, vocab, device=device)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from tide_fleet.worker.models.config import ModelConfig
+from tide_fleet.infra.contract.model_config import ModelConfig
 from tide_fleet.worker.models.dummy import DEFAULT_SEED, PRESETS, save_dummy
 
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from tide_fleet.infra.contract.tokenizer import Tokenizer
 from tide_fleet.worker.engine.request import TokenLogprob
-from tide_fleet.worker.models.tokenizer import Tokenizer
 
 NOT_FINITE = -9999.0
 

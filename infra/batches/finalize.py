@@ -24,17 +24,24 @@ from tide_fleet.infra.wire.protocol import JobStatus, Keys
 BodyMaker = Callable[[dict[str, str], str], dict[str, Any]]  # a completed job's response body
 
 
+def refused_line(
+    status: int, message: str, custom_id: str | None, param: str | None,
+    code: str = "invalid_request",
+) -> dict[str, Any]:  # fmt: skip
+    """The output line of a line refused before it ran (`param`: the body field refused);
+    `tide batch run --offline` writes its refusals with it too."""
+    return {
+        "custom_id": custom_id,
+        "response": {"status_code": status, "request_id": None, "body": None},
+        "error": {"code": code, "message": message, "param": param},
+    }
+
+
 def _refused_line(entry: str) -> dict[str, Any]:
     refused = json.loads(entry.removeprefix(REFUSED))
-    return {
-        "custom_id": refused["custom_id"],
-        "response": {"status_code": refused["status"], "request_id": None, "body": None},
-        "error": {
-            "code": "invalid_request",
-            "message": refused["message"],
-            "param": refused.get("param"),
-        },
-    }
+    return refused_line(
+        refused["status"], refused["message"], refused["custom_id"], refused.get("param")
+    )
 
 
 def _job_line(job: dict[str, str], model: str, make_body: BodyMaker) -> dict[str, Any]:

@@ -136,6 +136,16 @@ def plan_line(
     return completion_jobs(request, served, info, Priority.BATCH)[0]
 
 
+def line_refusal(e: ValidationError | SubmissionError) -> tuple[int, str, str | None]:
+    """A refused body's HTTP status, one-line message and field (`param`, as
+    ``body.<field>``): a validation error reports its first problem, as the endpoint does."""
+    if isinstance(e, SubmissionError):
+        return e.status, e.message, f"body.{e.param}" if e.param else None
+    first = e.errors()[0]
+    param = ".".join(["body", *(str(p) for p in first.get("loc", ()))])
+    return 400, f"{param}: {first.get('msg')}", param
+
+
 def _cancel_unstarted(batch_id: str) -> str:
     """A batch cancelled before any of its lines was written ends cancelled at once."""
     handles().batches.transition(
@@ -192,15 +202,9 @@ def fan_out(batch: dict[str, str], file: dict[str, str], served: ServedModel) ->
             )  # fmt: skip
             job.max_active = job.max_queue_length = job.max_rate = NO_LIMIT
             pending.append((index, job))
-        except ValidationError as e:
-            first = e.errors()[0]
-            field = ".".join(str(p) for p in first.get("loc", ()))
-            refused[str(index)] = refusal(
-                400, f"body.{field}: {first.get('msg')}", custom_id, f"body.{field}"
-            )
-        except SubmissionError as e:
-            param = f"body.{e.param}" if e.param else None
-            refused[str(index)] = refusal(e.status, e.message, custom_id, param)
+        except (ValidationError, SubmissionError) as e:
+            status, message, param = line_refusal(e)
+            refused[str(index)] = refusal(status, message, custom_id, param)
         if len(pending) + len(refused) >= FANOUT_CHUNK:
             flush()
             if _cancelling(batch_id):

@@ -1,4 +1,4 @@
-"""Scenario presets for ``tide bench --scenario``: the seed's claims, measured side by side.
+"""Scenario presets for ``tide bench --scenario``: the design's claims, measured side by side.
 
 Each scenario has two arms. Each arm starts its own local fleet (embedded Redis, a
 uvicorn gateway, ``tide worker`` processes with the arm's flags), warms it up, runs the

@@ -3,19 +3,35 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
-import httpx
 from rich.progress import Progress
 
 from tide_fleet.infra.batches.docs import docs_to_batch
 from tide_fleet.infra.batches.extract import extract, load_schema
+from tide_fleet.infra.cli.client import client_flags, gateway_client
+from tide_fleet.infra.cli.engine_flags import ENGINE_DTYPES
+from tide_fleet.infra.cli.option_types import (
+    dtype_help,
+    dtype_option,
+    existing_file,
+    existing_folder,
+    text_template,
+)
 from tide_fleet.infra.jobs.submission import ModelInfo
+
+TEMPLATE_HELP = (
+    "the prompt around each document: {text} is replaced by its text, and no other "
+    "{field} is filled in (str.format rules: write {{ and }} for literal braces); "
+    "default: 'Summarize:\\n{text}'"
+)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -27,12 +43,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         description="Input lines: {custom_id, method: POST, url, body}; output lines in input "
         "order: {id, custom_id, response: {status_code, request_id, body}, error}.",
     )
-    run.add_argument("input", type=Path)
+    run.add_argument("input", type=existing_file, metavar="INPUT")
     run.add_argument("-o", "--output", type=Path, required=True)
     run.add_argument("--offline", action="store_true", help="an in-process engine, no fleet")
     run.add_argument("--model", default=None, help="offline: HF folder or dummy:PRESET")
-    run.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
-    _fleet_flags(run)
+    run.add_argument("--dtype", default=None, type=dtype_option(*ENGINE_DTYPES), metavar="DTYPE",
+                     help=f"offline: {dtype_help(*ENGINE_DTYPES)}")  # fmt: skip
+    client_flags(run)
     run.set_defaults(func=cmd_batch_run)
     docs = bsub.add_parser(
         "docs",
@@ -40,8 +57,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         description="Documents longer than the model's context are split on paragraph "
         "boundaries into chunks that fit (name#1, name#2, ...); every split is reported.",
     )
-    docs.add_argument("folder", type=Path)
-    docs.add_argument("--template", default="Summarize:\n{text}", help="must contain {text}")
+    docs.add_argument("folder", type=existing_folder, metavar="FOLDER")
+    docs.add_argument("--template", type=text_template, default="Summarize:\n{text}",
+                      help=TEMPLATE_HELP)  # fmt: skip
     docs.add_argument("--max-tokens", type=int, default=256)
     docs.add_argument("-o", "--output", type=Path, default=Path("docs_output.jsonl"))
     docs.add_argument("--model", default=None, help="for token counting (default: the fleet's)")
@@ -52,13 +70,22 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         "per document, {custom_id, data} (validated JSON) or {custom_id, error}; the raw "
         "batch output goes beside it as OUTPUT.batch.jsonl",
     )  # fmt: skip
-    _fleet_flags(docs)
+    client_flags(docs)
     docs.set_defaults(func=cmd_batch_docs)
 
 
-def _fleet_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--url", default="http://127.0.0.1:8000", help="gateway base URL")
-    p.add_argument("--api-key", default=None)
+def _fail(message: str) -> NoReturn:
+    print(f"error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+@contextlib.contextmanager
+def _one_line_os_errors() -> Iterator[None]:
+    """A file that cannot be read or written ends the command with one line, exit 2."""
+    try:
+        yield
+    except OSError as e:
+        _fail(f"{e.filename}: {e.strerror}" if e.filename and e.strerror else str(e))
 
 
 # -- running a batch file --------------------------------------------------------------------
@@ -70,10 +97,21 @@ def _write(path: Path, lines: list[dict[str, Any]]) -> None:
             f.write(json.dumps(line, ensure_ascii=False) + "\n")
 
 
+def _endpoint(input_path: Path) -> str | None:
+    """The first line's url: the batch's endpoint."""
+    for n, raw in enumerate(input_path.read_text().splitlines(), 1):
+        if raw.strip():
+            try:
+                first = json.loads(raw)
+            except json.JSONDecodeError as e:
+                _fail(f"{input_path}:{n}: not JSON ({e}); a batch file is JSONL")
+            return first.get("url") if isinstance(first, dict) else None
+    _fail(f"{input_path}: the file has no requests")
+
+
 def run_fleet(input_path: Path, output: Path, url: str, api_key: str | None) -> dict[str, Any]:
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    first = json.loads(next(x for x in input_path.read_text().splitlines() if x.strip()))
-    with httpx.Client(base_url=url, headers=headers, timeout=120) as client:
+    endpoint = _endpoint(input_path)
+    with gateway_client(url, api_key, timeout=120) as client:
         with input_path.open("rb") as f:
             r = client.post(
                 "/v1/files", files={"file": (input_path.name, f)}, data={"purpose": "batch"}
@@ -81,7 +119,7 @@ def run_fleet(input_path: Path, output: Path, url: str, api_key: str | None) -> 
         r.raise_for_status()
         body = {
             "input_file_id": r.json()["id"],
-            "endpoint": first.get("url"),
+            "endpoint": endpoint,
             "completion_window": "24h",
         }
         batch = client.post("/v1/batches", json=body).raise_for_status().json()
@@ -112,6 +150,11 @@ def run_fleet(input_path: Path, output: Path, url: str, api_key: str | None) -> 
 
 
 def cmd_batch_run(args: argparse.Namespace) -> int:
+    with _one_line_os_errors():
+        return _batch_run(args)
+
+
+def _batch_run(args: argparse.Namespace) -> int:
     if args.offline:
         from tide_fleet.infra.cli.batch_offline import run_offline  # loads torch: only when asked
         from tide_fleet.infra.settings import get_settings
@@ -131,27 +174,38 @@ def cmd_batch_run(args: argparse.Namespace) -> int:
 # -- documents -------------------------------------------------------------------------------
 
 
-def cmd_batch_docs(args: argparse.Namespace) -> int:
-    from tide_fleet.worker.models.registry import model_folder
+def _docs_model(args: argparse.Namespace) -> tuple[str, ModelInfo]:
+    """The model to count tokens with (--model, else the fleet's, else the settings') and
+    its tokenizer."""
+    from tide_fleet.infra.contract.registry import model_folder
 
     model = args.model
     if model is None and not args.offline:
-        headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
-        model = (
-            httpx.get(f"{args.url}/v1/models", headers=headers)
-            .raise_for_status()
-            .json()["data"][0]["id"]
-        )
+        with gateway_client(args.url, args.api_key) as client:
+            model = client.get("/v1/models").raise_for_status().json()["data"][0]["id"]
     if model is None:
         from tide_fleet.infra.settings import get_settings
 
         model = get_settings().model
-    if model.startswith("dummy:"):
-        from tide_fleet.worker.models.resolve import resolve_model_path
+    try:
+        if model.startswith("dummy:"):
+            from tide_fleet.worker.models.resolve import resolve_model_path
 
-        resolve_model_path(model)
-    info = ModelInfo.load(str(model_folder(model)))
+            resolve_model_path(model)
+        return model, ModelInfo.load(str(model_folder(model)))
+    except (OSError, ValueError) as e:
+        _fail(f"cannot load the tokenizer of {model!r} ({' '.join(str(e).split())}); "
+              "pass --model FOLDER")  # fmt: skip
+
+
+def cmd_batch_docs(args: argparse.Namespace) -> int:
+    with _one_line_os_errors():
+        return _batch_docs(args)
+
+
+def _batch_docs(args: argparse.Namespace) -> int:
     schema = load_schema(str(args.schema)) if args.schema else None
+    model, info = _docs_model(args)
     lines, notes = docs_to_batch(args.folder, args.template, args.max_tokens, info, schema)
     for note in notes:
         print(f"note: {note}", file=sys.stderr)

@@ -4,12 +4,15 @@ Each line is validated and planned exactly as the fleet plans it (``plan_line``:
 request models, field checks, tools and response_format), its n choices run as engine
 requests with the worker's ids and seeds (``tide_fleet.worker.choices``), and its output is rendered
 by the same OpenAI renderers from a record shaped like the worker's result. Output lines
-keep the input order.
+keep the input order. A line refused before it runs is written as the fleet writes one
+(``refused_line``: the status, one message naming the field, ``param``); the checks the
+fleet makes on the whole file (JSON, ``url``, ``body``) refuse only the line here.
 """
 
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -17,7 +20,8 @@ from typing import Any
 from pydantic import ValidationError
 from rich.progress import Progress
 
-from tide_fleet.infra.batches.validate import plan_line
+from tide_fleet.infra.batches.finalize import refused_line
+from tide_fleet.infra.batches.validate import ENDPOINTS, line_refusal, plan_line
 from tide_fleet.infra.jobs.errors import SubmissionError
 from tide_fleet.infra.jobs.openai_format import chat_body, completion_body
 from tide_fleet.infra.jobs.submission import ModelInfo, token_ids
@@ -45,17 +49,55 @@ class _Line:
         return (chat_body if url == CHAT else completion_body)(record, model)
 
 
+def _read_lines(input_path: Path) -> list[Any]:
+    """The file's non-blank lines as JSON; a line that is not JSON reads as None."""
+    lines: list[Any] = []
+    for raw in input_path.read_text().splitlines():
+        if raw.strip():
+            try:
+                lines.append(json.loads(raw))
+            except json.JSONDecodeError:
+                lines.append(None)
+    return lines
+
+
+def _envelope_problem(line: Any) -> tuple[str, str] | None:
+    """(code, message) for a line the fleet would refuse with its whole file."""
+    if not isinstance(line, dict):
+        return "invalid_json", "not a JSON object (the file must be JSONL)"
+    if line.get("url") not in ENDPOINTS:
+        endpoints = " or ".join(ENDPOINTS)
+        return "mismatched_url", f"url must be {endpoints}, got {line.get('url')!r}"
+    if not isinstance(line.get("body"), dict):
+        return "missing_body", "body must be a JSON object"
+    return None
+
+
+def _load(model: str, dtype: str | None) -> tuple[LLMEngine, ModelInfo]:
+    """The engine and the tokenizer; a model that cannot load ends the command in one line."""
+    try:
+        folder = str(resolve_model_path(model))
+        return LLMEngine.from_pretrained(folder, dtype=dtype), ModelInfo.load(folder)
+    except (OSError, ValueError) as e:
+        print(f"error: cannot load the model {model!r}: {' '.join(str(e).split())}",
+              file=sys.stderr)  # fmt: skip
+        raise SystemExit(2) from None
+
+
 def run_offline(input_path: Path, output: Path, model: str, dtype: str | None) -> dict[str, int]:
-    folder = resolve_model_path(model)
-    engine = LLMEngine.from_pretrained(str(folder), dtype=dtype)
-    info = ModelInfo.load(str(folder))
+    lines = _read_lines(input_path)
+    engine, info = _load(model, dtype)
     entries = LogprobEntries(engine.tokenizer)
-    lines = [json.loads(x) for x in input_path.read_text().splitlines() if x.strip()]
     results: dict[int, dict[str, Any]] = {}
     by_request: dict[str, tuple[_Line, Choice]] = {}
     for i, line in enumerate(lines):
+        problem = _envelope_problem(line)
+        if problem is not None:
+            custom_id = line.get("custom_id") if isinstance(line, dict) else None
+            results[i] = _refused(i, 400, problem[1], custom_id, None, problem[0])
+            continue
         try:
-            planned = plan_line(line.get("url", ""), line["body"], info, model)
+            planned = plan_line(line["url"], line["body"], info, model)
             prompt = token_ids(info, planned.body, planned.tools)
             params = SamplingParams(**planned.body.sampling())
             engine.validate(len(prompt), params)
@@ -65,8 +107,13 @@ def run_offline(input_path: Path, output: Path, model: str, dtype: str | None) -
             for choice in entry.choices:
                 engine.add_request(choice.request_id, prompt, choice_params(params, choice.index))
                 by_request[choice.request_id] = (entry, choice)
-        except (KeyError, ValidationError, SubmissionError, ValueError) as e:
-            results[i] = _error_line(line, i, str(getattr(e, "message", e)))
+        except (ValidationError, SubmissionError) as e:
+            status, message, param = line_refusal(e)
+            # the one model served: a line naming another is refused here, not the file
+            code = "model_not_found" if getattr(e, "code", None) == "model_not_found" else None
+            results[i] = _refused(i, status, message, line.get("custom_id"), param, code)
+        except ValueError as e:  # engine.validate: the prompt and max_tokens against the context
+            results[i] = _refused(i, 400, str(e), line.get("custom_id"), None)
     done = 0
     with Progress() as progress:
         task = progress.add_task("offline batch", total=len(lines))
@@ -112,10 +159,7 @@ def _output_line(line: dict[str, Any], entry: _Line, model: str) -> dict[str, An
             "error": None}  # fmt: skip
 
 
-def _error_line(line: dict[str, Any], i: int, message: str) -> dict[str, Any]:
-    return {
-        "id": f"batch_req_offline_{i}",
-        "custom_id": line.get("custom_id"),
-        "response": {"status_code": 400, "request_id": None, "body": None},
-        "error": {"code": "invalid_request", "message": message},
-    }
+def _refused(i: int, status: int, message: str, custom_id: str | None, param: str | None,
+             code: str | None = None) -> dict[str, Any]:  # fmt: skip
+    line = refused_line(status, message, custom_id, param, code or "invalid_request")
+    return {"id": f"batch_req_offline_{i}", **line}

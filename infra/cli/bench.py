@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tide_fleet.infra.cli.option_types import dtype_help, dtype_option
+
 SCENARIOS = ("batching", "buckets", "prefix")
 
 
@@ -196,7 +198,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         help="rounds of both arms, alternating order; the ratio of the medians is reported "
         "(default: the scenario's, 3 for batching, else 1)",
     )
-    fleet.add_argument("--dtype", choices=["float32", "bfloat16"], default=None)
+    fleet.add_argument(
+        "--dtype",
+        type=dtype_option("float32", "bfloat16"),
+        default=None,
+        metavar="DTYPE",
+        help=f"the workers' dtype: {dtype_help('float32', 'bfloat16')}",
+    )
     fleet.add_argument(
         "--keep-logs", action="store_true", help="keep the fleets' logs under --out-dir/logs"
     )

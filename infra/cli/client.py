@@ -20,41 +20,51 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     sm.add_argument("--max-tokens", type=int, default=64)
     sm.add_argument("--temperature", type=float, default=0.0)
     sm.add_argument("--wait", action="store_true", help="poll until the job ends; print its text")
-    _client_flags(sm)
+    client_flags(sm)
     sm.set_defaults(func=cmd_submit)
 
     st = sub.add_parser("status", help="show a job")
     st.add_argument("job_id")
-    _client_flags(st)
+    client_flags(st)
     st.set_defaults(func=cmd_status)
 
 
-def _client_flags(p: argparse.ArgumentParser) -> None:
+def client_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--url", default=DEFAULT_URL, help="gateway base URL")
     p.add_argument("--api-key", default=None, help="bearer key (when the gateway requires one)")
 
 
 @contextlib.contextmanager
-def gateway_client(args: argparse.Namespace) -> Iterator[httpx.Client]:
-    """A client for the gateway at --url: a gateway it cannot reach ends the command with
-    one line (the URL it tried, how to choose another), exit code 2."""
-    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+def gateway_client(url: str, api_key: str | None, timeout: float = 30) -> Iterator[httpx.Client]:
+    """A client for the gateway at `url` (--url): a gateway it cannot reach, or an error
+    status raised in the block (``raise_for_status``), ends the command with one line on
+    stderr (the URL it tried, how to choose another), exit status 2."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
-        with httpx.Client(base_url=args.url, headers=headers, timeout=30) as c:
+        with httpx.Client(base_url=url, headers=headers, timeout=timeout) as c:
             yield c
     except (httpx.TransportError, httpx.InvalidURL, httpx.UnsupportedProtocol) as e:
-        chosen = "the default" if args.url == DEFAULT_URL else f"from --url; default {DEFAULT_URL}"
-        reason = str(e).rstrip(".") or type(e).__name__
+        chosen = "the default" if url == DEFAULT_URL else f"from --url; default {DEFAULT_URL}"
+        reason = " ".join(str(e).split()).rstrip(".") or type(e).__name__
         print(
-            f"error: cannot reach the gateway at {args.url} ({chosen}): {reason}; start "
+            f"error: cannot reach the gateway at {url} ({chosen}): {reason}; start "
             "one (tide up) or pass --url URL",
+            file=sys.stderr,
+        )
+        raise SystemExit(2) from None
+    except httpx.HTTPStatusError as e:
+        r = e.response
+        detail = " ".join(r.text.split())[:500]
+        print(
+            f"error: the gateway at {url} answered {r.status_code} to {r.request.method} "
+            f"{r.request.url.path}: {detail}",
             file=sys.stderr,
         )
         raise SystemExit(2) from None
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    with gateway_client(args) as client:
+    with gateway_client(args.url, args.api_key) as client:
         body = {"prompt": args.text, "max_tokens": args.max_tokens, "temperature": args.temperature}
         r = client.post("/v1/jobs", json=body)
         if r.status_code != 202:
@@ -74,7 +84,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    with gateway_client(args) as client:
+    with gateway_client(args.url, args.api_key) as client:
         r = client.get(f"/v1/jobs/{args.job_id}")
     if r.status_code != 200:
         print(f"error: {r.status_code} {r.text}", file=sys.stderr)

@@ -25,7 +25,8 @@ def add_parser(sub: Any) -> None:
         help="diagnose a running fleet from its metrics (gateway, controller, workers)",
         description="Scrape the gateway, the controller and every worker twice, --interval "
         "seconds apart, and print each finding with its evidence and the knob to turn. "
-        "Exit status: 0 healthy, 1 findings, 2 nothing could be read.",
+        "Exit status: 0 healthy, 1 findings, 2 nothing could be read. With --json, stdout "
+        "is one JSON object in every case, what could not be read in its errors list.",
     )
     p.add_argument("--url", default="http://127.0.0.1:8000", help="the gateway's base URL")
     p.add_argument("--redis-url", default=None, help="default: REDIS_URL (finds the others)")
@@ -79,28 +80,50 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         try:
             before, after, interval = load(Path(args.load))
         except (OSError, ValueError) as e:
-            print(str(e), file=sys.stderr)
-            return 2
+            if not args.json:
+                print(str(e), file=sys.stderr)
+                return 2
+            return _nothing_read(args, [" ".join(str(e).split())], None)
         errors: list[str] = []
     else:
         save_to = Path(args.save) if args.save else None
-        before, after, errors = collect(
-            args.url, args.redis_url, args.interval, args.timeout, save_to
-        )
+        try:
+            before, after, errors = collect(
+                args.url, args.redis_url, args.interval, args.timeout, save_to
+            )
+        except OSError as e:  # --save DIR not writable
+            return _nothing_read(args, [f"--save {args.save}: {e}"], args.interval)
         interval = after.at - before.at or args.interval
     if after.gateway is None and after.controller is None and not after.workers:
-        print("tide doctor: no metrics could be read", file=sys.stderr)
-        for line in errors:
-            print(f"  {line}", file=sys.stderr)
-        return 2
+        return _nothing_read(args, errors, interval)
     findings = diagnose(before, after, interval)
     if args.json:
-        workers = sorted(after.workers)
-        body = {"interval_s": round(interval, 3), "gateway": after.gateway is not None,
-                "controller": after.controller is not None, "workers": workers,
-                "models": scraped_by_model(after),
-                "errors": errors, "findings": [f.to_dict() for f in findings]}  # fmt: skip
-        print(json.dumps(body, indent=2))
+        print(json.dumps(_json_body(after, interval, errors, findings), indent=2))
     else:
         print(render(findings, before, after, interval, errors))
     return 1 if findings else 0
+
+
+def _json_body(
+    after: Snapshot | None, interval: float | None, errors: list[str], findings: list[Finding]
+) -> dict[str, Any]:
+    return {
+        "interval_s": round(interval, 3) if interval is not None else None,
+        "gateway": after is not None and after.gateway is not None,
+        "controller": after is not None and after.controller is not None,
+        "workers": sorted(after.workers) if after is not None else [],
+        "models": scraped_by_model(after) if after is not None else {},
+        "errors": errors,
+        "findings": [f.to_dict() for f in findings],
+    }
+
+
+def _nothing_read(args: argparse.Namespace, errors: list[str], interval: float | None) -> int:
+    """Exit status 2; with --json, the usual object (no findings, the errors) on stdout."""
+    if args.json:
+        print(json.dumps(_json_body(None, interval, errors, []), indent=2))
+        return 2
+    print("tide doctor: no metrics could be read", file=sys.stderr)
+    for line in errors:
+        print(f"  {line}", file=sys.stderr)
+    return 2

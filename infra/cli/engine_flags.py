@@ -17,6 +17,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from tide_fleet.infra.cli.option_types import SIZE_HELP, byte_size, dtype_help, dtype_option
+
+ENGINE_DTYPES = ("float32", "bfloat16", "float16")
+
 
 @dataclass(frozen=True)
 class EngineFlag:
@@ -26,6 +30,7 @@ class EngineFlag:
     type: Callable[[str], Any] | None = None
     choices: tuple[str, ...] | None = None
     help: str | None = None
+    metavar: str | None = None
     negates: bool = False  # a switch (--no-...): set means kwarg=False
 
     @property
@@ -41,6 +46,8 @@ class EngineFlag:
             options["type"] = self.type
         if self.choices is not None:
             options["choices"] = self.choices
+        if self.metavar is not None:
+            options["metavar"] = self.metavar
         parser.add_argument(self.option, **options)
 
     def value(self, args: argparse.Namespace) -> Any:
@@ -61,12 +68,13 @@ ATTENTION_HELP = "auto: Triton on CUDA, the native C++ kernel on CPU"
 # fmt: off
 ENGINE_FLAGS: tuple[EngineFlag, ...] = (
     # argparse dest, from_pretrained keyword, default, then type/choices and help
-    EngineFlag("dtype", "dtype", None, choices=("float32", "bfloat16", "float16"),
-               help="default: bfloat16 on a GPU (float16 where it lacks bf16) and on a CPU "
-               "with AVX-512 BF16 or AMX; float32 on a CPU without them"),
+    EngineFlag("dtype", "dtype", None, type=dtype_option(*ENGINE_DTYPES), metavar="DTYPE",
+               help=f"{dtype_help(*ENGINE_DTYPES)}; default: bfloat16 on a GPU (float16 where "
+               "it lacks bf16) and on a CPU with AVX-512 BF16 or AMX; float32 on a CPU without "
+               "them"),
     EngineFlag("device", "device", "auto", choices=("auto", "cpu", "cuda")),
-    EngineFlag("kv_cache_memory", "kv_cache_memory", None, type=int,
-               help="KV pool size in bytes"),
+    EngineFlag("kv_cache_memory", "kv_cache_memory", None, type=byte_size, metavar="SIZE",
+               help=f"KV pool size: {SIZE_HELP}"),
     EngineFlag("gpu_memory_utilization", "gpu_memory_utilization", 0.9, type=float,
                help="CUDA: the share of the GPU's memory this worker may use (weights, "
                "activations and KV cache), like vLLM's"),

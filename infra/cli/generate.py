@@ -65,8 +65,8 @@ def _load_prompts(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
+    from tide_fleet.infra.contract.model_config import ModelLoadError
     from tide_fleet.worker.engine import LLMEngine, SamplingParams
-    from tide_fleet.worker.models.config import ModelLoadError
 
     items = _load_prompts(args)
     try:

@@ -17,9 +17,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     tf = isub.add_parser(
         "tfvars",
         help="render terraform.tfvars.json for terraform/examples/two_pools from fleet.toml",
-        description="Write the Terraform variables of the fleet: [aws] settings, one entry per "
-        "[pools.NAME] (its Auto Scaling group is <name_prefix>-NAME) and the fleet file itself "
-        "for the controller host. Fails, naming the field, on a fleet AWS would refuse.",
+        description="Write the Terraform variables of the fleet: [aws] settings, the absolute "
+        "path and SHA-256 of the Tide wheel [aws] tide_wheel names (the hosts install that "
+        "build, checked by its hash), one entry per [pools.NAME] (its Auto Scaling group is "
+        "<name_prefix>-NAME) and the fleet file itself for the controller host. Fails, naming "
+        "the field, on a fleet AWS would refuse or a file that is not a tide-fleet wheel.",
     )
     tf.add_argument(
         "--fleet", default=DEFAULT_FLEET_FILE, help=f"fleet file (default {DEFAULT_FLEET_FILE})"

@@ -12,6 +12,7 @@ import importlib
 import logging
 import os
 import sys
+from typing import NoReturn
 
 SUBCOMMAND_MODULES = (
     "tide_fleet.infra.cli.generate",
@@ -26,8 +27,18 @@ SUBCOMMAND_MODULES = (
 )
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """An argparse parser whose errors are one line on stderr (exit status 2), with no
+    usage block: ``tide plan: error: argument --weight-dtype: unknown dtype ...``. The
+    subcommands' parsers are of the same class (argparse builds them as their parent)."""
+
+    def error(self, message: str) -> NoReturn:
+        message = " ".join(message.split())
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tide", description="Tide: a queue-driven LLM fleet.")
+    parser = OneLineParser(prog="tide", description="Tide: a queue-driven LLM fleet.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     sub = parser.add_subparsers(dest="command", required=True)
     for module in SUBCOMMAND_MODULES:

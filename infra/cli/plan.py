@@ -7,6 +7,7 @@ import json
 import sys
 from collections.abc import Callable
 
+from tide_fleet.infra.cli.option_types import byte_size, dtype_help, dtype_option
 from tide_fleet.infra.plan.devices import DEVICES, GiB, get_device
 from tide_fleet.infra.plan.model_shape import DTYPE_BYTES, PRESETS
 from tide_fleet.infra.plan.planner import (
@@ -38,23 +39,41 @@ def _number(
     return parse
 
 
+def _gib_size(low_ok: bool = False) -> Callable[[str], float]:
+    """A size in GiB: a plain number is GiB, or one with a unit (80GB, 512MiB) converts."""
+
+    def parse(text: str) -> float:
+        gib = byte_size(text, plain_unit="GiB") / GiB
+        if gib < 0 or (gib == 0 and not low_ok):
+            raise argparse.ArgumentTypeError(f"must be {'>=' if low_ok else '>'} 0, got {text!r}")
+        return gib
+
+    return parse
+
+
+GIB_HELP = "GiB, or a size with a unit: 80GB (10^9 bytes each), 24GiB (2^30), 512MiB"
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser(
         "plan",
         help="memory and batch planner: KV budget, max_num_seqs, roofline, bucket thresholds",
         description="Plan a model on a device: weights, KV bytes per token, KV budget, "
         "concurrent sequences, engine settings, decode roofline and bucket thresholds. "
-        "Sizes are GiB (2^30 bytes). See docs/plan.md for every rule.",
+        "Sizes are GiB (2^30 bytes) unless given with a unit (GB = 10^9 bytes, GiB = 2^30). "
+        "See docs/plan.md for every rule.",
     )
     p.add_argument(
         "--model", required=True, help=f"config.json, model folder, or preset: {', '.join(PRESETS)}"
     )
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument("--device", help=f"device kind: {', '.join(DEVICES)}")
-    where.add_argument("--memory-gb", type=_number(float, 0), help="memory size in GiB")
-    dtypes = list(DTYPE_BYTES)
-    p.add_argument("--weight-dtype", choices=dtypes, default="bfloat16")
-    p.add_argument("--kv-dtype", choices=dtypes, default=None, help="default: the weight dtype")
+    where.add_argument("--memory-gb", type=_gib_size(), help=f"memory size: {GIB_HELP}")
+    dtype = dtype_option(*DTYPE_BYTES)
+    p.add_argument("--weight-dtype", type=dtype, default="bfloat16", metavar="DTYPE",
+                   help=f"{dtype_help(*DTYPE_BYTES)} (default bfloat16)")  # fmt: skip
+    p.add_argument("--kv-dtype", type=dtype, default=None, metavar="DTYPE",
+                   help="default: the weight dtype")  # fmt: skip
     p.add_argument("--prompt-len", type=_number(int, 0), default=512, help="average prompt tokens")
     p.add_argument("--output-len", type=_number(int, 0), default=256, help="average output tokens")
     p.add_argument(
@@ -62,9 +81,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     )
     p.add_argument(
         "--reserve-gb",
-        type=_number(float, 0, low_ok=True),
+        type=_gib_size(low_ok=True),
         default=DEFAULT_RESERVE_BYTES / GiB,
-        help="CUDA context and activations, GiB (default %(default)s)",
+        help="CUDA context and activations, in GiB or with a unit (default %(default)s)",
     )
     p.add_argument(
         "--headroom",
@@ -74,9 +93,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     )
     p.add_argument(
         "--kv-budget-gb",
-        type=_number(float, 0),
+        type=_gib_size(),
         default=None,
-        help="use this KV pool size instead of deriving it (e.g. a worker's --kv-cache-memory)",
+        help="use this KV pool size instead of deriving it (e.g. a worker's "
+        "--kv-cache-memory), in GiB or with a unit",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_plan)

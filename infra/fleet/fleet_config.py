@@ -1,7 +1,7 @@
 """``fleet.toml``: the one declaration of worker pools, read by the controller, the simulator
 and ``tide infra tfvars`` (which renders Terraform's variables from it).
 
-Torch-free. Example (the seed's heterogeneous fleet, shipped as ``fleet.example.toml``)::
+Torch-free. Example (a heterogeneous fleet, shipped as ``fleet.example.toml``)::
 
     [controller]
     poll_interval_s = 5
@@ -142,7 +142,18 @@ class AwsConfig(BaseModel):
     ami_id: str = "ami-00000000000000000"
     subnet_ids: list[str] = Field(default_factory=list)
     cloudwatch_namespace: str = "Tide"
-    tide_package: str = Field("tide", description="pip requirement the user data installs")
+    tide_wheel: str | None = Field(None, description="the Tide wheel hosts install (tfvars)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_package_name(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "tide_package" in data:
+            raise ValueError(
+                "aws.tide_package: replaced by aws.tide_wheel, the path of the Tide wheel "
+                "every host installs, from the fleet file's folder (build it with "
+                '`pip wheel --no-deps -w dist .`; tide_wheel = "dist/<the .whl file>")'
+            )
+        return data
 
 
 class FleetConfig(BaseModel):

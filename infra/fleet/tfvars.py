@@ -2,7 +2,10 @@
 
 The fleet file stays the one declaration of pools: Terraform creates one Auto Scaling group
 per ``[pools.NAME]`` (named ``<name_prefix>-<NAME>``, as the controller's AWS actuator
-expects), and the controller host receives the same file. Torch-free.
+expects), and the controller host receives the same file. Hosts install the wheel
+``[aws] tide_wheel`` names, never a package looked up by name: the tfvars carry its absolute
+path (Terraform uploads it) and its SHA-256 (every host checks the download against it).
+Torch-free.
 
 Checks here mirror the modules' variable validations, so a fleet that renders is one
 Terraform accepts, and the error names the fleet field rather than a module variable.
@@ -10,9 +13,12 @@ Terraform accepts, and the error names the fleet field rather than a module vari
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
+import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +34,13 @@ MODEL_RE = re.compile(r"^[A-Za-z0-9_.,:=/+@-]*$")
 WORKER_ARG_RE = re.compile(r"^[A-Za-z0-9_.,:=/+-]+$")
 MAX_INSTANCE_TYPES = 20  # overrides in a mixed instances policy
 DRAIN_TIMEOUT_RANGE = (30, 7200)  # a lifecycle hook's heartbeat timeout, seconds
+# NAME-VERSION[-BUILD]-PY-ABI-PLATFORM.whl, of characters an S3 key and user data carry as-is.
+WHEEL_RE = re.compile(
+    r"^(?P<name>[A-Za-z0-9_.]+)-(?P<version>[A-Za-z0-9_.+]+)(-\d[A-Za-z0-9_.]*)?"
+    r"-[A-Za-z0-9_.]+-[A-Za-z0-9_.]+-[A-Za-z0-9_.]+\.whl$"
+)
+DISTRIBUTION = "tide_fleet"  # pyproject's tide-fleet, normalised as wheel names spell it
+BUILD_WHEEL = "build it with `pip wheel --no-deps -w dist .` in Tide's checkout"
 
 # The attributes of each entry of the example's `pools` variable, in this order.
 POOL_KEYS = (
@@ -47,14 +60,26 @@ POOL_KEYS = (
 )
 
 
-def render_tfvars(fleet: FleetConfig, fleet_toml: str) -> dict[str, Any]:
-    """The example's variables for this fleet; ``fleet_toml`` is the file's text."""
+@dataclass(frozen=True)
+class Wheel:
+    path: Path  # absolute: Terraform reads it from the example's folder
+    sha256: str
+
+
+def render_tfvars(fleet: FleetConfig, fleet_toml: str, fleet_dir: Path) -> dict[str, Any]:
+    """The example's variables for this fleet; ``fleet_toml`` is the file's text and
+    ``fleet_dir`` its folder (``[aws] tide_wheel`` is relative to it)."""
     problems = _check_aws(fleet)
+    wheel = None
+    try:
+        wheel = find_wheel(fleet.aws.tide_wheel, fleet_dir)
+    except ValueError as e:
+        problems.append(str(e))
     pools: dict[str, Any] = {}
     for name, pool in fleet.pools.items():
         problems += _check_pool(name, pool)
         pools[name] = pool_vars(pool)
-    if problems:
+    if problems or wheel is None:
         raise ValueError("fleet config cannot be deployed with Terraform: " + "; ".join(problems))
     aws = fleet.aws
     return {
@@ -63,7 +88,8 @@ def render_tfvars(fleet: FleetConfig, fleet_toml: str) -> dict[str, Any]:
         "ami_id": aws.ami_id,
         "subnet_ids": list(aws.subnet_ids),
         "cloudwatch_namespace": aws.cloudwatch_namespace,
-        "tide_package": aws.tide_package,
+        "tide_wheel": str(wheel.path),
+        "tide_wheel_sha256": wheel.sha256,
         "fleet_toml": fleet_toml,
         "pools": pools,
     }
@@ -105,9 +131,50 @@ def _check_aws(fleet: FleetConfig) -> list[str]:
             problems.append(
                 f"aws.subnet_ids[{i}]: {subnet!r} is not a subnet id like subnet-0abc1234"
             )
-    if not aws.tide_package or "'" in aws.tide_package:
-        problems.append("aws.tide_package: a non-empty pip requirement without single quotes")
     return problems
+
+
+def find_wheel(name: str | None, fleet_dir: Path) -> Wheel:
+    """The wheel ``[aws] tide_wheel`` names, checked to be one of Tide's distribution, with its
+    SHA-256; ValueError naming the field otherwise."""
+    if not name:
+        raise ValueError(
+            f"aws.tide_wheel: not set; the hosts install Tide from this wheel ({BUILD_WHEEL}, "
+            'then set tide_wheel = "dist/tide_fleet-<version>-py3-none-any.whl")'
+        )
+    path = (fleet_dir / Path(name).expanduser()).resolve()
+    if not path.is_file():
+        raise ValueError(
+            f"aws.tide_wheel: {path} not found (a path relative to the fleet file's folder; "
+            f"{BUILD_WHEEL})"
+        )
+    match = WHEEL_RE.match(path.name)
+    if match is None:
+        raise ValueError(
+            f"aws.tide_wheel: {path.name!r} is not a wheel file name "
+            "(NAME-VERSION-PYTHON-ABI-PLATFORM.whl of letters, digits and _ . +)"
+        )
+    dist = re.sub(r"[-_.]+", "_", match["name"]).lower()
+    if dist != DISTRIBUTION:
+        raise ValueError(
+            f"aws.tide_wheel: {path.name} is a wheel of {match['name']}, not of Tide's "
+            f"distribution tide-fleet ({BUILD_WHEEL})"
+        )
+    metadata = f"{match['name']}-{match['version']}.dist-info/METADATA"
+    try:
+        with zipfile.ZipFile(path) as zf:
+            text = zf.read(metadata).decode("utf-8", "replace")
+    except (zipfile.BadZipFile, KeyError, OSError):
+        raise ValueError(f"aws.tide_wheel: {path} is not a wheel (no {metadata})") from None
+    names = re.findall(r"^Name:\s*(\S+)", text, re.M)
+    if not names or re.sub(r"[-_.]+", "_", names[0]).lower() != DISTRIBUTION:
+        raise ValueError(
+            f"aws.tide_wheel: {path}'s metadata names {names[0] if names else 'no'} "
+            "distribution, not tide-fleet"
+        )
+    with path.open("rb") as f:
+        sha256 = hashlib.file_digest(f, "sha256").hexdigest()
+    return Wheel(path, sha256)
 
 
 def _check_pool(name: str, pool: PoolConfig) -> list[str]:
@@ -146,4 +213,4 @@ def render_file(fleet_path: str | Path) -> str:
     """The tfvars JSON text for a fleet file (raises ValueError naming the bad field)."""
     path = Path(fleet_path)
     fleet = load_fleet(path)
-    return json.dumps(render_tfvars(fleet, path.read_text()), indent=2) + "\n"
+    return json.dumps(render_tfvars(fleet, path.read_text(), path.parent), indent=2) + "\n"

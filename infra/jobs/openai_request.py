@@ -12,7 +12,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from tide_fleet.infra.jobs import chat_template, tools
+from tide_fleet.infra.contract import chat_template
+from tide_fleet.infra.jobs import tools
 from tide_fleet.infra.jobs.errors import SubmissionError, bad_request
 from tide_fleet.infra.jobs.messages import NamedToolChoice
 from tide_fleet.infra.jobs.request_checks import check_structured

@@ -1,6 +1,6 @@
 """Checks of a request that need the model or join fields: token ids in the vocabulary,
 min_tokens within max_tokens, and the structured-output grammar compiled (torch-free,
-``tide_fleet.worker.engine.structured.validate``) before anything is queued.
+``tide_fleet.infra.contract.structured.validate``) before anything is queued.
 
 Validation is cached by the spec's ``cache_key``: a batch of 10,000 lines with one schema
 compiles it once.
@@ -12,9 +12,9 @@ import functools
 import json
 from typing import Any
 
+from tide_fleet.infra.contract.structured import StructuredOutput, as_structured, validate
 from tide_fleet.infra.jobs.errors import bad_request
 from tide_fleet.infra.jobs.schemas import JobCreate
-from tide_fleet.worker.engine.structured import StructuredOutput, as_structured, validate
 
 STRUCTURED_CACHE = 1024
 

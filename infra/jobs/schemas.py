@@ -28,6 +28,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from tide_fleet.infra.contract.structured import as_structured
 from tide_fleet.infra.jobs.fields import (
     METADATA_DOC,
     METADATA_MAX_KEYS,
@@ -43,7 +44,6 @@ from tide_fleet.infra.jobs.fields import (
 from tide_fleet.infra.jobs.messages import ChatMessage, Tool, ToolChoice
 from tide_fleet.infra.jobs.sampling_fields import SamplingFields
 from tide_fleet.infra.wire.protocol import Priority
-from tide_fleet.worker.engine.structured import as_structured
 
 
 class WebhookSpec(BaseModel):

@@ -14,7 +14,10 @@ from typing import Any
 import jinja2
 from tokenizers import Tokenizer as HFTokenizer
 
-from tide_fleet.infra.jobs import chat_template
+from tide_fleet.infra.contract import chat_template
+from tide_fleet.infra.contract.model_config import ModelConfig
+from tide_fleet.infra.contract.registry import model_folder
+from tide_fleet.infra.contract.tokenizer import Tokenizer
 from tide_fleet.infra.jobs.ceilings import check_work
 from tide_fleet.infra.jobs.errors import SubmissionError as SubmissionError
 from tide_fleet.infra.jobs.messages import ChatMessage
@@ -32,9 +35,6 @@ from tide_fleet.infra.wire.protocol import (
     bucket_for,
     queue_name,
 )
-from tide_fleet.worker.models.config import ModelConfig
-from tide_fleet.worker.models.registry import model_folder
-from tide_fleet.worker.models.tokenizer import Tokenizer
 
 RETRY_AFTER = {"tenant_full": "5", "queue_full": "5", "rate": "1"}
 LIMIT_CODES = {"tenant_full": "tenant_queue_full", "queue_full": "queue_full",

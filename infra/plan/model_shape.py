@@ -1,7 +1,7 @@
 """Model shapes for planning: the few numbers of a Llama-family decoder that decide its memory.
 
 Torch-free. Read from a Hugging Face ``config.json`` or from PRESETS (real shapes of common
-models). The engine's own loader is worker/models/config.py; this one needs no weights and
+models). The engine's own loader is infra/contract/model_config.py; this one needs no weights and
 accepts any config that has the shape fields. What a step costs (FLOPs, bytes) is in
 roofline.py.
 """
@@ -28,7 +28,7 @@ def dtype_bytes(dtype: str) -> int:
 
 class Dims(Protocol):
     """The shape fields the costs need: ModelShape has them, and so has the engine's
-    ModelConfig (worker/models/config.py)."""
+    ModelConfig (infra/contract/model_config.py)."""
 
     @property
     def num_layers(self) -> int: ...

@@ -39,8 +39,8 @@ __all__ = [
     "load_shape",
     "plan",
 ]
-DEFAULT_HEADROOM = 0.2  # the seed's advice: keep a fifth of device memory free
-DEFAULT_RESERVE_BYTES = 3 * GiB // 2  # CUDA context and activations: the seed's 1-2 GB
+DEFAULT_HEADROOM = 0.2  # keep a fifth of device memory free
+DEFAULT_RESERVE_BYTES = 3 * GiB // 2  # CUDA context and activations: 1-2 GB
 MAX_HEADROOM = 0.9
 MAX_NUM_SEQS_CAP = 256  # past this, per-step latency grows for little extra throughput
 SHORT_MIN_CONCURRENT = 16  # short bucket: this many maximal short requests fit at once

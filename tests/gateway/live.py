@@ -1,5 +1,5 @@
 """A real gateway on loopback (uvicorn in a thread) and a fake worker that answers its jobs
-in the wire contract's shape (issue 14): `choices` with logprobs entries, deltas with `i`
+in the wire contract's shape: `choices` with logprobs entries, deltas with `i`
 and `lp`. The fake's answers come from a script: (record, choice index) -> Answer."""
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def entry(token: str, j: int, top: int) -> dict[str, Any]:
 
 @dataclass
 class FakeWorker:
-    """Takes every queued job, writes deltas, then the result, as issue 14's worker does."""
+    """Takes every queued job, writes deltas, then the result, as the real worker does."""
 
     client: redis.Redis
     script: Callable[[dict[str, str], int], Answer] = default_script

@@ -1,6 +1,6 @@
 """What the official `openai` client gets back: n choices, logprobs in both shapes, echo,
 prompt lists, streams with usage, `parse` with a pydantic model. A live gateway on loopback,
-a fake worker writing issue 14's result shape (tests/gateway/live.py)."""
+a fake worker writing the worker's result shape (tests/gateway/live.py)."""
 
 from __future__ import annotations
 

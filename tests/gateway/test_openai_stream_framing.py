@@ -21,7 +21,7 @@ import pytest
 from tests.gateway.live import live_fleet
 
 AUTH = {"Authorization": "Bearer key-a"}
-WAIT_SECONDS = 16.0  # past the 15 s after which a waiting stream used to open with a comment
+WAIT_SECONDS = 16.0  # past 15 s, when a keep-alive comment would be due on a waiting stream
 
 
 def naive_events(body: bytes) -> list[Any]:

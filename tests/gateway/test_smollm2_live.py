@@ -40,7 +40,7 @@ SCHEMA = {
 
 @pytest.fixture(scope="module")
 def client(redis_server):  # type: ignore[no-untyped-def]
-    engine = make_engine(DEFAULT_MODEL)
+    engine = make_engine(DEFAULT_MODEL, kv_cache_memory=1 << 30)  # not a share of free memory
     with real_worker(redis_server.url, DEFAULT_MODEL, engine, timeout=120) as client:
         yield client
 

@@ -1,4 +1,4 @@
-"""Serving longer contexts must not compile the decode kernels again (issue 15, item 4).
+"""Serving longer contexts must not compile the decode kernels again.
 
 Triton compiles one variant per distinct specialisation key (constexprs, dtypes,
 alignment, and int arguments' ==1 / %16 unless ``do_not_specialize``). In the interpreter

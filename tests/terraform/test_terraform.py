@@ -10,6 +10,7 @@ folder (the one holding registry.terraform.io) to skip the search.
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import os
 import shutil
@@ -23,6 +24,8 @@ from botocore.exceptions import ClientError
 
 from tests.conftest import ROOT
 from tests.infra.fleet.test_aws import run_burst
+from tests.infra.fleet.wheel_files import WHEEL_NAME, example_fleet
+from tests.terraform.test_user_data import assert_installs_the_deployed_build
 from tide_fleet.infra.cli.main import main
 from tide_fleet.infra.fleet.tfvars import render_file
 
@@ -156,11 +159,9 @@ def test_validate(tf_root: Path, tf_env: dict[str, str], config: str) -> None:
 
 @pytest.fixture(scope="module")
 def tfvars(tf_root: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """The rendered variables, written where the example auto-loads them."""
-    text = (ROOT / "fleet.example.toml").read_text()
-    assert "[pools.big]\n" in text
-    fleet = tmp_path_factory.mktemp("fleet") / "fleet.toml"
-    fleet.write_text(text.replace("[pools.big]\n", "[pools.big]\n" + BIG_EXTRAS))
+    """The rendered variables, written where the example auto-loads them (the fleet file
+    beside a stand-in wheel)."""
+    fleet = example_fleet(tmp_path_factory.mktemp("fleet"), BIG_EXTRAS)
     out = tf_root / EXAMPLE / "terraform.tfvars.json"
     assert main(["infra", "tfvars", "--fleet", str(fleet), "-o", str(out)]) == 0
     data: dict[str, Any] = json.loads(out.read_text())
@@ -226,6 +227,10 @@ def test_plan_elasticache_fleet(
     assert metric["metric_dimension"] == [{"name": "Pool", "value": "big"}]
     assert spec["target_value"] == 3
     assert 'module.pool["small"].aws_autoscaling_policy.backlog[0]' not in res
+    wheel = res["aws_s3_object.tide_wheel"]
+    sha = tfvars["tide_wheel_sha256"]
+    assert wheel["key"] == f"releases/{sha}/{WHEEL_NAME}" and wheel["source_hash"] == sha
+    assert wheel["source"] == tfvars["tide_wheel"]
 
 
 @pytest.mark.slow
@@ -250,6 +255,22 @@ def test_warm_pool_with_spot_and_negative_days_are_refused(
 
 
 @pytest.mark.slow
+def test_a_wheel_rebuilt_after_tfvars_is_refused(
+    tf_root: Path, tf_env: dict[str, str], moto_url: str, tfvars: dict[str, Any]
+) -> None:
+    """The file at tide_wheel must still be the build whose hash the hosts will check."""
+    other = "0" * 64
+    proc = subprocess.run(
+        ["terraform", "plan", "-input=false", "-no-color",
+         *moto_vars(moto_url, "-var", f"tide_wheel_sha256={other}")],
+        cwd=tf_root / EXAMPLE, env=tf_env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode != 0
+    errors = " ".join(proc.stderr.split())
+    assert "is not the build `tide infra tfvars` hashed (tide_wheel_sha256)" in errors, errors
+
+
+@pytest.mark.slow
 def test_apply_and_destroy(
     tf_root: Path,
     tf_env: dict[str, str],
@@ -265,15 +286,22 @@ def test_apply_and_destroy(
         moto_url, "-var", "redis_backend=instance", "-var", "bucket_force_destroy=true",
         "-var", "noncurrent_version_days=0",
     )  # fmt: skip
+    # moto applies the bucket's TLS-only Deny to every object request (it takes the unmet
+    # aws:SecureTransport condition for a match), so the wheel goes up before that policy
+    # exists, and the policy is removed before anything reads the object.
+    upload = ["-target=aws_s3_object.tide_wheel"]
+    run_tf(["apply", "-input=false", "-auto-approve", *upload, *args], cwd, tf_env, timeout=420)
     run_tf(["apply", "-input=false", "-auto-approve", *args], cwd, tf_env, timeout=420)
     try:
         outputs = json.loads(run_tf(["output", "-json"], cwd, tf_env))
+        aws("s3", moto_url).delete_bucket_policy(Bucket=outputs["bucket_name"]["value"])
         # Terraform read back exactly what was rendered: same shape, no attribute dropped.
         assert outputs["pools"]["value"] == tfvars["pools"]
         prefix = tfvars["name_prefix"]
         assert outputs["asg_names"]["value"] == {p: f"{prefix}-{p}" for p in tfvars["pools"]}
         check_pools(moto_url, tfvars)
         check_control_plane(moto_url, tfvars, outputs)
+        check_tide_wheel(moto_url, tfvars, outputs)
         with pytest.raises(ClientError, match="NoSuchLifecycleConfiguration"):
             aws("s3", moto_url).get_bucket_lifecycle_configuration(
                 Bucket=outputs["bucket_name"]["value"]
@@ -367,3 +395,27 @@ def check_control_plane(url: str, tfvars: dict[str, Any], outputs: dict[str, Any
 def assert_bash_syntax(script: str) -> None:
     proc = subprocess.run(["bash", "-n"], input=script, capture_output=True, text=True)
     assert proc.returncode == 0, f"user data is not valid bash: {proc.stderr}"
+
+
+def check_tide_wheel(url: str, tfvars: dict[str, Any], outputs: dict[str, Any]) -> None:
+    """The wheel is in the bucket under its hash, every host's user data installs that object
+    checked by the hash, and every host's role may read it."""
+    ec2, s3, iam = aws("ec2", url), aws("s3", url), aws("iam", url)
+    bucket, sha = outputs["bucket_name"]["value"], tfvars["tide_wheel_sha256"]
+    key = f"releases/{sha}/{WHEEL_NAME}"
+    body = s3.get_object(Bucket=bucket, Key=key)["Body"].read()
+    assert body == Path(tfvars["tide_wheel"]).read_bytes()
+    assert hashlib.sha256(body).hexdigest() == sha
+    uri, arn = f"s3://{bucket}/{key}", f"arn:aws:s3:::{bucket}/{key}"
+    prefix = tfvars["name_prefix"]
+    hosts = {f"{prefix}-{p}": f"{prefix}-{p}-worker" for p in tfvars["pools"]}
+    hosts |= {f"{prefix}-{h}": f"{prefix}-{h}" for h in ("gateway", "controller")}
+    for template, role in hosts.items():
+        versions = ec2.describe_launch_template_versions(LaunchTemplateName=template)
+        data = versions["LaunchTemplateVersions"][0]["LaunchTemplateData"]
+        assert_installs_the_deployed_build(base64.b64decode(data["UserData"]).decode(), sha, uri)
+        (policy_name,) = iam.list_role_policies(RoleName=role)["PolicyNames"]
+        document = iam.get_role_policy(RoleName=role, PolicyName=policy_name)["PolicyDocument"]
+        statements = {st.get("Sid"): st for st in document["Statement"]}
+        read = statements["ReadTideWheel"]
+        assert (read["Action"], read["Resource"]) == ("s3:GetObject", arn), role

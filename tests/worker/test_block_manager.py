@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from tide_fleet.infra.contract.sampling_params import SamplingParams
 from tide_fleet.worker.engine.block_manager import BlockManager, FreeBlockQueue, hash_block
 from tide_fleet.worker.engine.request import Request
-from tide_fleet.worker.engine.sampling_params import SamplingParams
 
 
 def _req(rid: str, tokens: list[int]) -> Request:

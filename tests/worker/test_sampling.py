@@ -5,10 +5,10 @@ from __future__ import annotations
 import torch
 
 from tests.conftest import make_engine
+from tide_fleet.infra.contract.tokenizer import Tokenizer
 from tide_fleet.worker.engine import SamplingParams
 from tide_fleet.worker.engine.detokenizer import IncrementalDetokenizer
 from tide_fleet.worker.engine.sampler import top_k_top_p_mask
-from tide_fleet.worker.models.tokenizer import Tokenizer
 
 
 def test_top_k_top_p_mask():

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from tests.conftest import make_engine
-from tide_fleet.worker.engine.sampling_params import SamplingParams
+from tide_fleet.infra.contract.sampling_params import SamplingParams
 
 
 @pytest.mark.parametrize(

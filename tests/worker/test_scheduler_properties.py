@@ -6,10 +6,10 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tide_fleet.infra.contract.sampling_params import Priority, SamplingParams
 from tide_fleet.worker.engine.block_manager import BlockManager
 from tide_fleet.worker.engine.config import EngineConfig
 from tide_fleet.worker.engine.request import Request
-from tide_fleet.worker.engine.sampling_params import Priority, SamplingParams
 from tide_fleet.worker.engine.scheduler import Scheduler
 from tide_fleet.worker.engine.step_inputs import build_step_inputs
 

@@ -8,9 +8,9 @@ import json
 
 from tests.conftest import make_engine
 from tests.worker.service_driver import ASCII_ONLY, choices, events, run, service, submit
+from tide_fleet.infra.contract.tokenizer import Tokenizer
 from tide_fleet.worker.engine import SamplingParams
 from tide_fleet.worker.logprobs import NOT_FINITE, LogprobEntries
-from tide_fleet.worker.models.tokenizer import Tokenizer
 
 KEYS = {"token", "bytes", "logprob", "top_logprobs"}
 

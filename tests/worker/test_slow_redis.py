@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 import redis
 
-from scripts.bench_worker_redis import DelayProxy
 from tests.conftest import make_engine, wait_for
 from tests.worker.service_driver import events, run, service, settings, submit
+from tide_fleet.infra.bench.delay_proxy import DelayProxy
 from tide_fleet.infra.wire import queues
 from tide_fleet.infra.wire.jobstore import JobStore
 from tide_fleet.infra.wire.protocol import Keys

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 from tests.conftest import make_engine
+from tide_fleet.infra.contract.structured import validate
 from tide_fleet.worker.engine import SamplingParams
-from tide_fleet.worker.engine.structured import validate
 
 jsonschema = pytest.importorskip("jsonschema")
 

@@ -8,15 +8,15 @@ import sys
 import pytest
 
 from tests.conftest import ROOT
-from tide_fleet.worker.engine.sampling_params import SamplingParams
-from tide_fleet.worker.engine.structured import StructuredOutput, grammar_for, validate
+from tide_fleet.infra.contract.sampling_params import SamplingParams
+from tide_fleet.infra.contract.structured import StructuredOutput, grammar_for, validate
 
 
 def test_validation_imports_no_torch():
     code = (
         "import sys\n"
-        "from tide_fleet.worker.engine.structured import validate\n"
-        "from tide_fleet.worker.engine.sampling_params import SamplingParams\n"
+        "from tide_fleet.infra.contract.structured import validate\n"
+        "from tide_fleet.infra.contract.sampling_params import SamplingParams\n"
         "validate({'json_schema': {'type': 'object'}})\n"
         "SamplingParams(presence_penalty=1.0, structured={'regex': 'a+'})\n"
         "sys.exit('torch' in sys.modules)"

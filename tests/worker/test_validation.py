@@ -10,8 +10,8 @@ import pytest
 from safetensors.torch import load_file, save_file
 
 from tests.conftest import make_engine
+from tide_fleet.infra.contract.model_config import ModelLoadError
 from tide_fleet.worker.engine import SamplingParams
-from tide_fleet.worker.models.config import ModelLoadError
 from tide_fleet.worker.models.loader import load_model
 
 

@@ -10,6 +10,7 @@ from prometheus_client import generate_latest
 from pydantic import ValidationError
 
 from tests.conftest import make_engine
+from tide_fleet.infra.contract.model_config import ModelConfig
 from tide_fleet.infra.doctor.scrape import Scrape
 from tide_fleet.infra.plan.roofline import DevicePeaks, ModelCost, utilisation
 from tide_fleet.infra.settings import Settings
@@ -17,7 +18,6 @@ from tide_fleet.worker.device_peaks import device_peaks, measure_peaks
 from tide_fleet.worker.engine import SamplingParams
 from tide_fleet.worker.engine.llm_engine import StepStats
 from tide_fleet.worker.metrics import WorkerMetrics, ema, model_label
-from tide_fleet.worker.models.config import ModelConfig
 
 # hidden 8, 2 heads of 4 (q = 8), 1 KV head (kv = 4), MLP 16, 2 layers, vocab 10.
 CFG = ModelConfig("LlamaForCausalLM", vocab_size=10, hidden_size=8, intermediate_size=16,

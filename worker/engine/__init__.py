@@ -1,8 +1,8 @@
 """Continuous-batching engine: scheduler, paged KV block manager, model runner, sampler.
 
-The torch-free parts (config, sampling_params, structured, outputs) import eagerly;
-LLMEngine loads on first use, so the gateway can import ``tide_fleet.worker.engine.structured`` and
-``tide_fleet.worker.engine.sampling_params`` to validate requests without pulling in torch.
+The torch-free parts (config, outputs, and the request contract's sampling parameters and
+structured-output specs, which live in ``infra.contract``) import eagerly; LLMEngine loads
+on first use, so importing this package does not pull in torch.
 """
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from tide_fleet.infra.contract.sampling_params import Priority, SamplingParams
+from tide_fleet.infra.contract.structured import StructuredOutput
 from tide_fleet.worker.engine.config import EngineConfig
 from tide_fleet.worker.engine.outputs import RequestOutput
-from tide_fleet.worker.engine.sampling_params import Priority, SamplingParams
-from tide_fleet.worker.engine.structured import StructuredOutput
 
 if TYPE_CHECKING:
     from tide_fleet.worker.engine.llm_engine import LLMEngine

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from tide_fleet.worker.engine.sampling_params import SamplingParams
+from tide_fleet.infra.contract.sampling_params import SamplingParams
 
 
 def check_request(

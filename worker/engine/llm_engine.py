@@ -12,6 +12,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from tide_fleet.infra.contract.sampling_params import Priority, SamplingParams
+from tide_fleet.infra.contract.tokenizer import Tokenizer
 from tide_fleet.worker.engine.admission import check_prompt_ids, check_request, stop_token_ids
 from tide_fleet.worker.engine.block_manager import BlockManager
 from tide_fleet.worker.engine.config import EngineConfig
@@ -21,12 +23,10 @@ from tide_fleet.worker.engine.output_text import TextOutputs
 from tide_fleet.worker.engine.outputs import RequestOutput, StepStats
 from tide_fleet.worker.engine.request import Request, TokenLogprob
 from tide_fleet.worker.engine.sampler import Sampler
-from tide_fleet.worker.engine.sampling_params import Priority, SamplingParams
 from tide_fleet.worker.engine.scheduler import ScheduledRequest, Scheduler
 from tide_fleet.worker.models.llama import LlamaModel
 from tide_fleet.worker.models.loader import load_model
 from tide_fleet.worker.models.resolve import resolve_model_path
-from tide_fleet.worker.models.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 

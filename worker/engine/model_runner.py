@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from tide_fleet.kernels import dispatch
 from tide_fleet.kernels.attention import (
     decode_reads_rows_in_place,
     native_prefill,
@@ -86,14 +87,13 @@ class ModelRunner:
             log.info("attention: %s on %s for head_dim %d, block_size %d", backend,
                      self.device, cfg.head_dim, self.block_size)  # fmt: skip
         set_attention_backend(backend)
-        triton = backend == "triton" or (backend == "auto" and self.device.type == "cuda")
+        triton = dispatch.impl("decode_attention", self.device) == "triton"
         # Kernels that read each row's own length take every decode row in one launch.
         self.one_decode_group = triton or decode_reads_rows_in_place(self.device, model.dtype)
         # Every prefill chunk of a step in one call: Triton's varlen launch, or the native
         # CPU kernel (which packs a prefix the chunks share once for all of them).
-        varlen = triton or (
-            decode_reads_rows_in_place(self.device, model.dtype)
-            and native_prefill(model.dtype, cfg.head_dim)
+        varlen = dispatch.impl("prefill_attention", self.device) == "triton" or native_prefill(
+            model.dtype, cfg.head_dim, self.device
         )
         # Persistent step inputs (worker/engine/step_inputs.py), sized for the largest step.
         largest = max(config.max_num_batched_tokens, config.max_num_seqs)

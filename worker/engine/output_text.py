@@ -16,10 +16,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from tide_fleet.infra.contract.tokenizer import Tokenizer
 from tide_fleet.worker.engine.detokenizer import IncrementalDetokenizer
 from tide_fleet.worker.engine.outputs import RequestOutput
 from tide_fleet.worker.engine.request import Request, TokenLogprob
-from tide_fleet.worker.models.tokenizer import Tokenizer
 
 
 @dataclass

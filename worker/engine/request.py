@@ -6,7 +6,7 @@ import enum
 import time
 from dataclasses import dataclass, field
 
-from tide_fleet.worker.engine.sampling_params import Priority, SamplingParams
+from tide_fleet.infra.contract.sampling_params import Priority, SamplingParams
 
 
 class RequestStatus(enum.Enum):

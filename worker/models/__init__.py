@@ -1,1 +1,2 @@
-"""Llama-family model code: config parsing, weight loading, tokenizer, random-weight models."""
+"""Llama-family model code: weight loading, the forward pass, random-weight models (the
+model's config, tokenizer and folder resolution are in ``infra.contract``)."""

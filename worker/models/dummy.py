@@ -15,9 +15,9 @@ import torch
 from safetensors.torch import save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 
-from tide_fleet.worker.models.config import ModelLoadError
-from tide_fleet.worker.models.registry import DEFAULT_SEED
-from tide_fleet.worker.models.tokenizer import byte_level_alphabet
+from tide_fleet.infra.contract.model_config import ModelLoadError
+from tide_fleet.infra.contract.registry import DEFAULT_SEED
+from tide_fleet.infra.contract.tokenizer import byte_level_alphabet
 
 SPECIALS = ["<pad>", "<s>", "</s>", "<unk>"]
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = range(4)

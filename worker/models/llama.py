@@ -2,9 +2,11 @@
 
 Weights are plain tensors, fused at load time (q|k|v and gate|up) so each layer runs
 four matmuls. Attention goes through ``kernels`` so the paged KV cache and the
-Triton path stay behind one signature. On CPU the elementwise glue (residual add +
-RMSNorm, RoPE in place, SiLU x up) runs as single native ops where they build
-(``kernels/cpu.py``); elsewhere as the torch expressions they replace.
+Triton path stay behind one signature. On CPU (float32, bfloat16) a step runs one of three
+ways: every layer in one native call (``tide::decode_layers``, ``tide::step_layers_packed``)
+where every op they embed takes its class's default in the kernel table
+(``kernels/dispatch.py``), else the op-by-op loop of ``_forward_native``, each op on the
+implementation the table names; ``forward``'s torch spelling is what CUDA runs.
 """
 
 from __future__ import annotations
@@ -14,15 +16,12 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from tide_fleet.kernels import AttentionMetadata, paged_attention, write_kv_cache
+from tide_fleet.infra.contract.model_config import ModelConfig
+from tide_fleet.kernels import AttentionMetadata, dispatch, paged_attention, write_kv_cache
 from tide_fleet.kernels import cpu as cpu_kernels
-from tide_fleet.kernels.attention import (
-    cpp_decode_shared_tokens,
-    decode_reads_rows_in_place,
-    native_prefill,
-)
+from tide_fleet.kernels.attention import cpp_decode_shared_tokens, native_prefill
+from tide_fleet.kernels.elementwise import Elementwise, rms_norm
 from tide_fleet.kernels.linear import Linear, choose_row_split, packed_rows
-from tide_fleet.worker.models.config import ModelConfig
 from tide_fleet.worker.models.rope import RotaryEmbedding, apply_rotary
 
 
@@ -34,10 +33,6 @@ class LayerWeights:
     post_norm: torch.Tensor
     gate_up: Linear  # gate | up fused
     down: Linear
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    return F.rms_norm(x, weight.shape, weight, eps)
 
 
 class LlamaModel:
@@ -67,6 +62,7 @@ class LlamaModel:
         self.scale = config.head_dim**-0.5
         self.q_size = config.num_heads * config.head_dim
         self.kv_size = config.num_kv_heads * config.head_dim
+        dispatch.describe(self.device)  # a force this device cannot run fails at load
         native = self.device.type == "cpu" and self.dtype in (torch.float32, torch.bfloat16)
         self.native = cpu_kernels.ops() if native else None
         self.decode_rows = 0  # steps of up to this many decode rows take decode_layers
@@ -169,14 +165,12 @@ class LlamaModel:
         meta: AttentionMetadata,
         logits_indices: torch.Tensor,
     ) -> torch.Tensor:
-        """forward() with the CPU native ops; the same arithmetic, fewer passes."""
+        """forward() on CPU: a whole-step native call where one takes the step, else layer by
+        layer with each op on the implementation the kernel table names."""
         ops, cfg = self.native, self.config
         n, hd, eps = input_ids.shape[0], cfg.head_dim, cfg.rms_norm_eps
-        if (
-            n <= self.decode_rows
-            and _all_one_group_decode(meta, n)
-            and decode_reads_rows_in_place(self.device, self.dtype)  # not forced torch/triton
-        ):
+        whole = dispatch.is_default(WHOLE_STEP_OPS, self.device)  # nothing forced elsewhere
+        if whole and n <= self.decode_rows and _all_one_group_decode(meta, n):
             group = meta.decode_groups[0]
             hidden = ops.decode_layers(
                 F.embedding(input_ids, self.embed), positions, self._decode_weights,
@@ -196,17 +190,18 @@ class LlamaModel:
             input_ids = F.pad(input_ids, (0, rows - n))
             positions = F.pad(positions, (0, rows - n))
         hidden = F.embedding(input_ids, self.embed)
-        if self._takes_packed_step(n, meta):
+        if whole and self._takes_packed_step(n, meta):
             hidden = self._packed_step(hidden, positions, kv_caches, meta)
             return self.lm_head(ops.rms_norm(hidden[logits_indices], self.norm, eps)).float()
+        glue = Elementwise(ops, self.device)
         delta: torch.Tensor | None = None
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
             if delta is None:
-                x = ops.rms_norm(hidden, layer.input_norm, eps)
+                x = glue.rms_norm(hidden, layer.input_norm, eps)
             else:
-                x = ops.add_rms_norm_(hidden, delta, layer.input_norm, eps)
+                x = glue.add_rms_norm_(hidden, delta, layer.input_norm, eps)
             qkv = layer.qkv(x)
-            ops.rotary_(qkv, positions, self.rope.cos, self.rope.sin, rot_heads, hd)
+            glue.rotary_(qkv, positions, self.rope.cos, self.rope.sin, rot_heads, hd)
             q = qkv[:n, :q_end].view(n, cfg.num_heads, hd)
             k = qkv[:n, q_end:k_end].view(n, cfg.num_kv_heads, hd)
             v = qkv[:n, k_end:].view(n, cfg.num_kv_heads, hd)
@@ -216,14 +211,14 @@ class LlamaModel:
             if rows > n:
                 attn_in = torch.cat([attn_in, attn_in.new_zeros(rows - n, self.q_size)])
             attn_out = layer.o(attn_in)
-            x = ops.add_rms_norm_(hidden, attn_out, layer.post_norm, eps)
+            x = glue.add_rms_norm_(hidden, attn_out, layer.post_norm, eps)
             if layer.gate_up.fuses_silu:
                 delta = layer.down(layer.gate_up.silu_glu(x))
             else:
-                delta = layer.down(ops.silu_mul(layer.gate_up(x)))
+                delta = layer.down(glue.silu_mul(layer.gate_up(x)))
         if delta is not None:
             hidden.add_(delta)
-        return self.lm_head(ops.rms_norm(hidden[logits_indices], self.norm, eps)).float()
+        return self.lm_head(glue.rms_norm(hidden[logits_indices], self.norm, eps)).float()
 
     def _takes_packed_step(self, n: int, meta: AttentionMetadata) -> bool:
         """A step whose attention the native kernels run in place: decode rows in at most
@@ -233,8 +228,6 @@ class LlamaModel:
         if not self._packed_weights:
             return False
         if n <= self.layers[0].qkv.gemv_rows and not self._small_weights:
-            return False
-        if not decode_reads_rows_in_place(self.device, self.dtype):
             return False
         groups = meta.decode_groups
         if len(groups) > 1 or (groups and groups[0].rows.start != 0):
@@ -288,6 +281,9 @@ class LlamaModel:
 # neighbour); larger ones take step_layers_packed, which also attends rows behind a shared
 # cached prefix once and projects on the same GEMV up to small_rows rows.
 DECODE_LAYERS_ROWS = 2
+# The ops the whole-step calls embed, each as its class's default (prefill chunks also need
+# the native prefill kernel: _takes_packed_step).
+WHOLE_STEP_OPS = ("gemv", "gemm", "decode_attention", "norm", "rope", "activation", "kv_write")
 
 
 def _all_one_group_decode(meta: AttentionMetadata, n: int) -> bool:

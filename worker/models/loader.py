@@ -10,8 +10,8 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from tide_fleet.infra.contract.model_config import ModelConfig, ModelLoadError
 from tide_fleet.kernels.linear import Linear
-from tide_fleet.worker.models.config import ModelConfig, ModelLoadError
 from tide_fleet.worker.models.llama import LayerWeights, LlamaModel
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

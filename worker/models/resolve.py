@@ -9,8 +9,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from tide_fleet.infra.contract.registry import model_folder, parse_dummy
 from tide_fleet.worker.models.dummy import hf_config, save_dummy
-from tide_fleet.worker.models.registry import model_folder, parse_dummy
 
 
 def resolve_model_path(model: str) -> Path:

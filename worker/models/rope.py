@@ -7,6 +7,10 @@ from typing import Any
 
 import torch
 
+from tide_fleet.kernels.elementwise import apply_rotary
+
+__all__ = ["RotaryEmbedding", "apply_rotary", "inverse_frequencies"]
+
 
 def inverse_frequencies(
     head_dim: int, theta: float, scaling: dict[str, Any] | None
@@ -52,9 +56,3 @@ class RotaryEmbedding:
     def tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin for the step's positions, shaped [T, 1, head_dim] to broadcast over heads."""
         return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
-
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return torch.addcmul(x * cos, rotated, sin)

@@ -1,6 +1,7 @@
 # The heterogeneous fleet of fleet.example.toml: a control plane and one Auto Scaling group
 # per pool (a small spot pool for short jobs, a big on-demand pool for medium and long
 # ones). Feed it with `tide infra tfvars --fleet fleet.toml -o terraform.tfvars.json`.
+# Every host installs the operator's Tide wheel, uploaded here and checked by its SHA-256.
 
 data "aws_vpc" "default" {
   count   = length(var.subnet_ids) == 0 ? 1 : 0
@@ -30,16 +31,48 @@ module "control_plane" {
   vpc_id                = data.aws_subnet.first.vpc_id
   subnet_ids            = local.subnet_ids
   ami_id                = var.ami_id
-  tide_package          = var.tide_package
+  key_name              = var.key_name
+  root_device_name      = var.root_device_name
+  tide_wheel_s3_uri     = local.tide_wheel_s3_uri
+  tide_wheel_sha256     = var.tide_wheel_sha256
   fleet_toml            = var.fleet_toml
   cloudwatch_namespace  = var.cloudwatch_namespace
   environment           = var.environment
   env_ssm_parameter     = var.env_ssm_parameter
-  redis_backend         = var.redis_backend
+  gateway_count         = var.gateway_count
+  gateway_port          = var.gateway_port
   gateway_ingress_cidrs = var.gateway_ingress_cidrs
+  redis_backend         = var.redis_backend
+  redis_replicas        = var.redis_replicas
+  redis_instance_type   = var.redis_instance_type
+  redis_volume_size_gb  = var.redis_volume_size_gb
+  bucket_name           = var.bucket_name
+  bucket_kms_key_arn    = var.bucket_kms_key_arn
   bucket_force_destroy  = var.bucket_force_destroy
 
   noncurrent_version_days = var.noncurrent_version_days
+}
+
+# The wheel, under its hash in the files bucket: a new build is a new object, uploaded before
+# the launch templates that name it change and removed only after them.
+resource "aws_s3_object" "tide_wheel" {
+  bucket      = module.control_plane.bucket_name
+  key         = "releases/${var.tide_wheel_sha256}/${basename(var.tide_wheel)}"
+  source      = var.tide_wheel
+  source_hash = var.tide_wheel_sha256
+
+  lifecycle {
+    create_before_destroy = true
+
+    precondition {
+      condition     = filesha256(var.tide_wheel) == var.tide_wheel_sha256
+      error_message = "tide_wheel: ${var.tide_wheel} is not the build `tide infra tfvars` hashed (tide_wheel_sha256); run it again."
+    }
+  }
+}
+
+locals {
+  tide_wheel_s3_uri = "s3://${aws_s3_object.tide_wheel.bucket}/${aws_s3_object.tide_wheel.key}"
 }
 
 module "pool" {
@@ -66,10 +99,15 @@ module "pool" {
   security_group_ids   = [module.control_plane.worker_security_group_id]
   redis_url            = module.control_plane.redis_url
   model_bucket_arns    = [module.control_plane.bucket_arn]
-  tide_package         = var.tide_package
+  tide_wheel_s3_uri    = local.tide_wheel_s3_uri
+  tide_wheel_sha256    = var.tide_wheel_sha256
   cloudwatch_namespace = var.cloudwatch_namespace
   environment          = var.environment
   env_ssm_parameter    = var.env_ssm_parameter
+  key_name             = var.key_name
+  root_device_name     = var.root_device_name
   root_volume_size_gb  = var.worker_root_volume_gb
   tags                 = { Device = each.value.device }
+
+  spot_allocation_strategy = var.spot_allocation_strategy
 }

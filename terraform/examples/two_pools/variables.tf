@@ -25,9 +25,24 @@ variable "cloudwatch_namespace" {
   type        = string
 }
 
-variable "tide_package" {
-  description = "pip requirement the hosts install ([aws] tide_package)."
+variable "tide_wheel" {
+  description = "The Tide wheel on this machine ([aws] tide_wheel, as an absolute path): uploaded to the files bucket; every host installs it."
   type        = string
+
+  validation {
+    condition     = endswith(var.tide_wheel, ".whl")
+    error_message = "tide_wheel: the path of a .whl file (build it with `pip wheel --no-deps -w dist .`)."
+  }
+}
+
+variable "tide_wheel_sha256" {
+  description = "SHA-256 of tide_wheel, as `tide infra tfvars` computed it; hosts refuse a download that differs."
+  type        = string
+
+  validation {
+    condition     = can(regex("^[0-9a-f]{64}$", var.tide_wheel_sha256))
+    error_message = "tide_wheel_sha256: 64 lowercase hexadecimal digits."
+  }
 }
 
 variable "fleet_toml" {
@@ -67,10 +82,58 @@ variable "redis_backend" {
   default     = "elasticache"
 }
 
+variable "redis_replicas" {
+  description = "ElastiCache read replicas (>= 1: automatic failover and Multi-AZ)."
+  type        = number
+  default     = 1
+}
+
+variable "redis_instance_type" {
+  description = "EC2 instance type of the Redis host (redis_backend = \"instance\")."
+  type        = string
+  default     = "r7i.large"
+}
+
+variable "redis_volume_size_gb" {
+  description = "Root volume of the Redis host in GiB (holds the AOF)."
+  type        = number
+  default     = 50
+}
+
+variable "gateway_count" {
+  description = "Gateway hosts (stateless; spread across the subnets)."
+  type        = number
+  default     = 1
+}
+
+variable "gateway_port" {
+  description = "Port the gateway listens on."
+  type        = number
+  default     = 8000
+}
+
 variable "gateway_ingress_cidrs" {
   description = "CIDR blocks that may reach the gateway; empty: none from outside the VPC's security groups."
   type        = list(string)
   default     = []
+}
+
+variable "key_name" {
+  description = "EC2 key pair of every host for SSH; null for none (use SSM Session Manager)."
+  type        = string
+  default     = null
+}
+
+variable "root_device_name" {
+  description = "The AMI's root device name (/dev/sda1 on Ubuntu AMIs, /dev/xvda on Amazon Linux)."
+  type        = string
+  default     = "/dev/sda1"
+}
+
+variable "spot_allocation_strategy" {
+  description = "Spot allocation strategy of the pools' mixed instances policies."
+  type        = string
+  default     = "capacity-optimized"
 }
 
 variable "environment" {
@@ -83,6 +146,18 @@ variable "env_ssm_parameter" {
   description = "SSM SecureString parameter with KEY=VALUE secret settings (API keys, webhook secrets); \"\" for none."
   type        = string
   default     = ""
+}
+
+variable "bucket_name" {
+  description = "Name of the files bucket; \"\" names it <name_prefix>-<account id>-<region>."
+  type        = string
+  default     = ""
+}
+
+variable "bucket_kms_key_arn" {
+  description = "KMS key for the files bucket's default encryption; null uses SSE-S3."
+  type        = string
+  default     = null
 }
 
 variable "bucket_force_destroy" {

@@ -27,7 +27,9 @@ locals {
   host_template = "${path.module}/templates/host.sh.tftpl"
   host_common = {
     python            = var.python
-    tide_package      = var.tide_package
+    tide_wheel_s3_uri = var.tide_wheel_s3_uri
+    tide_wheel_sha256 = var.tide_wheel_sha256
+    tide_wheel_file   = basename(var.tide_wheel_s3_uri)
     env_file          = local.env_file
     env_ssm_parameter = var.env_ssm_parameter
     region            = local.region
@@ -114,7 +116,14 @@ data "aws_iam_policy_document" "assume_ec2" {
   }
 }
 
+# What every Tide host of the control plane may do: read Tide's wheel, use the files bucket.
 data "aws_iam_policy_document" "files" {
+  statement {
+    sid       = "ReadTideWheel"
+    actions   = ["s3:GetObject"]
+    resources = ["arn:${local.partition}:s3:::${trimprefix(var.tide_wheel_s3_uri, "s3://")}"]
+  }
+
   statement {
     sid       = "BatchFiles"
     actions   = ["s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload", "s3:ListBucket", "s3:GetBucketLocation"]

@@ -50,14 +50,23 @@ variable "root_device_name" {
 
 # Tide on the hosts
 
-variable "tide_package" {
-  description = "pip requirement the user data installs (a version pin, a wheel URL or a git URL)."
+variable "tide_wheel_s3_uri" {
+  description = "s3://BUCKET/KEY of the Tide wheel to install (the example uploads the operator's build there). Each instance downloads it with its role, checks it against tide_wheel_sha256 and pip-installs that file."
   type        = string
-  default     = "tide"
 
   validation {
-    condition     = length(var.tide_package) > 0 && !strcontains(var.tide_package, "'")
-    error_message = "tide_package: a non-empty pip requirement without single quotes."
+    condition     = can(regex("^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]/[A-Za-z0-9_.+=/-]*[A-Za-z0-9_.+-][.]whl$", var.tide_wheel_s3_uri))
+    error_message = "tide_wheel_s3_uri: s3://BUCKET/KEY of a .whl file, the key of letters, digits and _ . + = - / only."
+  }
+}
+
+variable "tide_wheel_sha256" {
+  description = "SHA-256 of the wheel (`tide infra tfvars` computes it); an instance whose download differs stops its bootstrap before installing anything."
+  type        = string
+
+  validation {
+    condition     = can(regex("^[0-9a-f]{64}$", var.tide_wheel_sha256))
+    error_message = "tide_wheel_sha256: 64 lowercase hexadecimal digits."
   }
 }
 

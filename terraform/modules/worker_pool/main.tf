@@ -82,6 +82,12 @@ data "aws_iam_policy_document" "worker" {
     }
   }
 
+  statement {
+    sid       = "ReadTideWheel"
+    actions   = ["s3:GetObject"]
+    resources = ["arn:${data.aws_partition.current.partition}:s3:::${trimprefix(var.tide_wheel_s3_uri, "s3://")}"]
+  }
+
   dynamic "statement" {
     for_each = length(local.read_bucket_arns) > 0 ? [1] : []
     content {
@@ -132,7 +138,9 @@ resource "aws_launch_template" "worker" {
 
   user_data = base64encode(templatefile("${path.module}/templates/user_data.sh.tftpl", {
     python            = var.python
-    tide_package      = var.tide_package
+    tide_wheel_s3_uri = var.tide_wheel_s3_uri
+    tide_wheel_sha256 = var.tide_wheel_sha256
+    tide_wheel_file   = basename(var.tide_wheel_s3_uri)
     env_file          = join("\n", [for k, v in local.environment : "${k}='${v}'"])
     env_ssm_parameter = var.env_ssm_parameter
     region            = data.aws_region.current.name

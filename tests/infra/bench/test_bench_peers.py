@@ -1,4 +1,4 @@
-"""scripts/bench_peers.py's pieces cannot rot: the workloads' shapes, and Tide's runner on a
+"""The engine benchmarks' pieces cannot rot: the workloads' shapes, and Tide's runner on a
 tiny model (the vLLM peer needs `make bench-peers` and is not run here)."""
 
 from __future__ import annotations
@@ -8,10 +8,8 @@ import subprocess
 import sys
 
 from tests.conftest import ROOT
-
-sys.path.insert(0, str(ROOT / "scripts"))
-
-from bench_peers import make_workload
+from tide_fleet.infra.bench.op_kinds import op_kind
+from tide_fleet.infra.bench.peer_workloads import make_workload
 
 
 def test_the_three_workloads_have_the_issue_s_shapes():
@@ -53,11 +51,9 @@ def test_tide_runner_reports_tokens_ttft_and_splits(tmp_path, tiny_path):
 
 
 def test_every_native_op_lands_in_its_kind():
-    """The shared-prefix decode kernel is attention (it once fell into other_ops), the GEMM
-    a matmul (it did too, its first day); the whole-step calls record their kernels under
-    the kernels' names (tests/kernels/test_step_packed.py), so only their own glue is
-    other_ops."""
-    from bench_peers_tide import op_kind
+    """The shared-prefix decode kernel is attention, the GEMM a matmul; the whole-step calls
+    record their kernels under the kernels' names (tests/kernels/test_step_packed.py), so
+    only their own glue is other_ops."""
 
     kinds = {
         "mkldnn::_linear_pointwise": "matmul",

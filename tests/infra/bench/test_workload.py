@@ -70,7 +70,7 @@ def test_length_mix_is_80_20_heavy_tailed_and_capped():
 
 
 def test_prompts_have_the_requested_token_count(tiny_path):
-    from tide_fleet.worker.models.tokenizer import Tokenizer
+    from tide_fleet.infra.contract.tokenizer import Tokenizer
 
     tok = Tokenizer(tiny_path)
     maker = PromptMaker(tok, random.Random(0))
@@ -80,7 +80,7 @@ def test_prompts_have_the_requested_token_count(tiny_path):
 
 
 def test_prompts_fit_a_subword_tokenizer_closely(stories_path):
-    from tide_fleet.worker.models.tokenizer import Tokenizer
+    from tide_fleet.infra.contract.tokenizer import Tokenizer
 
     tok = Tokenizer(stories_path)
     maker = PromptMaker(tok, random.Random(0))
@@ -89,7 +89,7 @@ def test_prompts_fit_a_subword_tokenizer_closely(stories_path):
 
 
 def test_shared_prefix_workload_repeats_the_prefix(tiny_path):
-    from tide_fleet.worker.models.tokenizer import Tokenizer
+    from tide_fleet.infra.contract.tokenizer import Tokenizer
 
     spec = WorkloadSpec(
         num_requests=6, request_rate=2.0, classes=[LengthClass("short", 1, 8, 4, 64)],

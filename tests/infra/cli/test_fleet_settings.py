@@ -77,8 +77,8 @@ def test_empty_cache_paths_mean_the_defaults(monkeypatch):
 
 
 def test_registry_and_kernels_read_the_process_settings(restore_settings, tmp_path):
+    from tide_fleet.infra.contract.registry import model_folder
     from tide_fleet.kernels import cpu
-    from tide_fleet.worker.models.registry import model_folder
 
     use_settings(Settings(cache_dir=tmp_path / "c", kernel_cache=tmp_path / "k"))
     assert model_folder("dummy:tiny").parent == tmp_path / "c" / "dummy"

@@ -28,8 +28,8 @@ def exposed(registry: CollectorRegistry) -> set[str]:
 
 def all_exposed() -> set[str]:
     from tide_fleet.gateway.metrics import registry as gateway
+    from tide_fleet.infra.contract.model_config import ModelConfig
     from tide_fleet.infra.fleet.controller_metrics import registry as controller
-    from tide_fleet.worker.models.config import ModelConfig
 
     cfg = ModelConfig("LlamaForCausalLM", 10, 8, 16, 2, 2, 1, 4, 64)
     worker = WorkerMetrics(ModelCost.from_config(cfg, 2), DevicePeaks(1, 1, "t"), "m", "p")

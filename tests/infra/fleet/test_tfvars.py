@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import re
 import tomllib
@@ -14,15 +15,20 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import ROOT
+from tests.infra.fleet.wheel_files import WHEEL_NAME, example_fleet, make_wheel
 from tide_fleet.infra.cli.main import build_parser, main
 from tide_fleet.infra.fleet.fleet_config import load_fleet, parse_fleet
 from tide_fleet.infra.fleet.tfvars import POOL_KEYS, render_file, render_tfvars
 
-EXAMPLE_FLEET = ROOT / "fleet.example.toml"
 EXAMPLE_DIR = ROOT / "terraform/examples/two_pools"
 
 BASE: dict[str, Any] = {
-    "aws": {"region": "eu-west-1", "name_prefix": "acme", "ami_id": "ami-0123456789abcdef0"},
+    "aws": {
+        "region": "eu-west-1",
+        "name_prefix": "acme",
+        "ami_id": "ami-0123456789abcdef0",
+        "tide_wheel": f"dist/{WHEEL_NAME}",
+    },
     "pools": {
         "small": {
             "buckets": ["short"],
@@ -61,8 +67,22 @@ def fleet_data(**pool_changes: dict[str, Any]) -> dict[str, Any]:
     return data
 
 
-def render(data: dict[str, Any]) -> dict[str, Any]:
-    return render_tfvars(parse_fleet(data), to_toml(data))
+@pytest.fixture(scope="module")
+def fleet_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder holding dist/<a tide-fleet wheel>, as BASE's tide_wheel names it."""
+    folder = tmp_path_factory.mktemp("fleet")
+    make_wheel(folder / "dist")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def example(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """fleet.example.toml beside the wheel it names."""
+    return example_fleet(tmp_path_factory.mktemp("example"))
+
+
+def render(data: dict[str, Any], fleet_dir: Path) -> dict[str, Any]:
+    return render_tfvars(parse_fleet(data), to_toml(data), fleet_dir)
 
 
 def assert_pool_matches(rendered: dict[str, Any], pool: Any) -> None:
@@ -81,9 +101,9 @@ def assert_pool_matches(rendered: dict[str, Any], pool: Any) -> None:
     assert rendered["target_backlog_per_instance"] == pool.target_backlog_per_instance
 
 
-def test_example_fleet_round_trips() -> None:
-    fleet = load_fleet(EXAMPLE_FLEET)
-    out = json.loads(render_file(EXAMPLE_FLEET))
+def test_example_fleet_round_trips(example: Path) -> None:
+    fleet = load_fleet(example)
+    out = json.loads(render_file(example))
     assert list(out["pools"]) == list(fleet.pools)  # every pool, in file order
     for name, pool in fleet.pools.items():
         assert_pool_matches(out["pools"][name], pool)
@@ -97,9 +117,11 @@ def test_example_fleet_round_trips() -> None:
     )
     assert out["subnet_ids"] == aws.subnet_ids
     assert out["cloudwatch_namespace"] == aws.cloudwatch_namespace
-    assert out["tide_package"] == aws.tide_package
+    wheel = example.parent / "dist" / WHEEL_NAME
+    assert out["tide_wheel"] == str(wheel.resolve())
+    assert out["tide_wheel_sha256"] == hashlib.sha256(wheel.read_bytes()).hexdigest()
     # The controller host gets the very file: parsing it back gives the same fleet.
-    assert out["fleet_toml"] == EXAMPLE_FLEET.read_text()
+    assert out["fleet_toml"] == example.read_text()
     assert parse_fleet(tomllib.loads(out["fleet_toml"])) == fleet
 
 
@@ -116,8 +138,9 @@ def test_every_field_round_trips_through_a_file(tmp_path: Path) -> None:
             "device": "a100-80gb",
         },
         small={"on_demand_base": 1, "model": "/opt/models/tiny"},
-        aws={"subnet_ids": ["subnet-0abc1234", "subnet-0def5678"], "tide_package": "tide==0.1.0"},
+        aws={"subnet_ids": ["subnet-0abc1234", "subnet-0def5678"]},
     )
+    make_wheel(tmp_path / "dist")
     path = tmp_path / "fleet.toml"
     path.write_text(to_toml(data))
     out = json.loads(render_file(path))
@@ -129,7 +152,7 @@ def test_every_field_round_trips_through_a_file(tmp_path: Path) -> None:
     assert big["model"] == "s3://acme-models/llama-3-8b"
     assert out["pools"]["small"]["on_demand_base"] == 1
     assert out["subnet_ids"] == ["subnet-0abc1234", "subnet-0def5678"]
-    assert out["tide_package"] == "tide==0.1.0"
+    assert out["tide_wheel"] == str(tmp_path.resolve() / "dist" / WHEEL_NAME)
 
 
 @settings(max_examples=40, deadline=None)
@@ -146,7 +169,7 @@ def test_every_field_round_trips_through_a_file(tmp_path: Path) -> None:
     drain=st.floats(30, 7200),
 )
 def test_pool_settings_round_trip(
-    types: list[str], sizes: list[int], spot: bool, warm: int, drain: float
+    fleet_dir: Path, types: list[str], sizes: list[int], spot: bool, warm: int, drain: float
 ) -> None:
     if warm and (spot or len(types) > 1):
         warm = 0  # the fleet config refuses it (tested below)
@@ -160,7 +183,7 @@ def test_pool_settings_round_trip(
             "drain_timeout_s": drain,
         }
     )
-    out = render(data)
+    out = render(data, fleet_dir)
     assert_pool_matches(out["pools"]["big"], parse_fleet(data).pools["big"])
     assert list(out["pools"]["big"]) == list(POOL_KEYS)
 
@@ -178,26 +201,28 @@ BAD = [
     ({"aws": {"ami_id": "ami-xyz"}}, "aws.ami_id: 'ami-xyz' is not an AMI id"),
     ({"aws": {"region": "moon-1"}}, "aws.region: 'moon-1' is not an AWS region"),
     ({"aws": {"subnet_ids": ["subnet-0abc1234", "sub-1"]}}, "aws.subnet_ids[1]: 'sub-1'"),
-    ({"aws": {"tide_package": "tide @ 'x'"}}, "aws.tide_package"),
     ({"p" * 33: {"buckets": ["short"], "instance_types": ["g5.xlarge"]}}, "at most 32"),
 ]
 
 
 @pytest.mark.parametrize(("changes", "message"), BAD, ids=[m for _, m in BAD])
-def test_bad_fleet_names_the_field(changes: dict[str, Any], message: str) -> None:
+def test_bad_fleet_names_the_field(fleet_dir: Path, changes: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError) as e:
-        render(fleet_data(**changes))
+        render(fleet_data(**changes), fleet_dir)
     assert message in str(e.value)
     assert str(e.value).startswith("fleet config cannot be deployed with Terraform: ")
 
 
-def test_every_problem_is_reported_at_once() -> None:
+def test_every_problem_is_reported_at_once(fleet_dir: Path) -> None:
     data = fleet_data(
-        aws={"ami_id": "bad"}, big={"drain_timeout_s": 5}, small={"instance_types": []}
+        aws={"ami_id": "bad", "tide_wheel": "nope.whl"},
+        big={"drain_timeout_s": 5},
+        small={"instance_types": []},
     )
     with pytest.raises(ValueError) as e:
-        render(data)
-    for field in ("aws.ami_id", "pools.big.drain_timeout_s", "pools.small.instance_types"):
+        render(data, fleet_dir)
+    for field in ("aws.ami_id", "aws.tide_wheel", "pools.big.drain_timeout_s",
+                  "pools.small.instance_types"):  # fmt: skip
         assert field in str(e.value)
 
 
@@ -232,13 +257,15 @@ def test_cli_missing_and_malformed_files(
     assert "not valid TOML" in capsys.readouterr().err
 
 
-def test_cli_writes_file_and_stdout(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_writes_file_and_stdout(
+    example: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path / "sub" / "terraform.tfvars.json"
-    assert main(["infra", "tfvars", "--fleet", str(EXAMPLE_FLEET), "-o", str(out)]) == 0
-    assert out.read_text() == render_file(EXAMPLE_FLEET)
+    assert main(["infra", "tfvars", "--fleet", str(example), "-o", str(out)]) == 0
+    assert out.read_text() == render_file(example)
     assert list(out.parent.iterdir()) == [out]  # no temporary file left behind
     capsys.readouterr()
-    assert main(["infra", "tfvars", "--fleet", str(EXAMPLE_FLEET)]) == 0
+    assert main(["infra", "tfvars", "--fleet", str(example)]) == 0
     assert json.loads(capsys.readouterr().out) == json.loads(out.read_text())
 
 
@@ -249,7 +276,7 @@ def test_infra_command_is_registered() -> None:
         build_parser().parse_args(["infra"])  # a subcommand is required
 
 
-def test_shape_matches_the_example_variables() -> None:
+def test_shape_matches_the_example_variables(example: Path) -> None:
     """Every key written is a variable of the example, and each pool has exactly the
     attributes of its `pools` object type (terraform itself checks it in test_terraform)."""
     text = (EXAMPLE_DIR / "variables.tf").read_text()
@@ -257,7 +284,7 @@ def test_shape_matches_the_example_variables() -> None:
     pools_type = re.search(r"map\(object\(\{(.*?)\}\)\)", text, re.S)
     assert pools_type is not None
     attributes = re.findall(r"^\s*(\w+)\s*=", pools_type.group(1), re.M)
-    out = json.loads(render_file(EXAMPLE_FLEET))
+    out = json.loads(render_file(example))
     assert set(out) <= declared
     assert sorted(attributes) == sorted(POOL_KEYS)
     for pool in out["pools"].values():

@@ -1,4 +1,4 @@
-"""The planner: the seed's worked examples, real parameter counts, the roofline, the CLI."""
+"""The planner: the design's worked examples, real parameter counts, the roofline, the CLI."""
 
 from __future__ import annotations
 
@@ -73,7 +73,7 @@ HF_CONFIGS = {
 }
 
 
-# --- the seed's worked examples ------------------------------------------------------------
+# --- the design's worked examples ------------------------------------------------------------
 
 
 def test_kv_per_token_of_a_7b_llama_is_512_kib_at_fp16():
@@ -83,7 +83,7 @@ def test_kv_per_token_of_a_7b_llama_is_512_kib_at_fp16():
 
 
 def test_seed_sequence_times_batch_figures():
-    # At fp16 K+V the formula gives twice the seed's figures ...
+    # At fp16 K+V the formula gives twice the design's figures ...
     assert kv_bytes(LLAMA2_7B, 2048, 8, "float16") == 8 * GiB
     assert kv_bytes(LLAMA2_7B, 8192, 16, "float16") == 64 * GiB
     # ... which hold for an 8-bit KV cache.

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from tide_fleet.infra.contract.model_config import ModelConfig
 from tide_fleet.infra.fleet.fleet_config import PoolConfig
 from tide_fleet.infra.plan.devices import get_device
 from tide_fleet.infra.plan.model_shape import ModelShape, projection_parameters
@@ -19,7 +20,6 @@ from tide_fleet.infra.plan.roofline import (
 from tide_fleet.infra.settings import Settings
 from tide_fleet.infra.sim.service_model import EFFICIENCY, roofline_model
 from tide_fleet.worker.device_peaks import device_peaks
-from tide_fleet.worker.models.config import ModelConfig
 
 SHAPE = ModelShape.from_preset("llama-3-8b")
 # The same model as the engine reads it from config.json.

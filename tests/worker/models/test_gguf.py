@@ -12,10 +12,10 @@ import torch
 
 from tests.conftest import make_engine
 from tests.worker.models.gguf_files import T, write_gguf
+from tide_fleet.infra.contract.gguf_file import gguf_folder, gguf_path
+from tide_fleet.infra.contract.model_config import ModelLoadError
+from tide_fleet.infra.contract.tokenizer import Tokenizer
 from tide_fleet.worker.engine import SamplingParams
-from tide_fleet.worker.models.config import ModelLoadError
-from tide_fleet.worker.models.gguf_file import gguf_folder, gguf_path
-from tide_fleet.worker.models.tokenizer import Tokenizer
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("accelerate")

