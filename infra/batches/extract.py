@@ -9,6 +9,7 @@ library), so what is written as data is known to parse and validate.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +37,30 @@ def _row(line: dict[str, Any], validator: jsonschema.protocols.Validator) -> dic
         validator.validate(data)
     except (json.JSONDecodeError, jsonschema.ValidationError) as e:
         return {"custom_id": custom_id, "error": f"output does not validate: {e}"[:500]}
+    if (where := _non_finite(data, "")) is not None:
+        # Python reads 1e999 as infinity (and NaN/Infinity as themselves); no JSON carries it.
+        return {
+            "custom_id": custom_id,
+            "error": f"output does not validate: {where or '$'}: "
+            "a number out of a double's range (or NaN/Infinity), not JSON data",
+        }
     return {"custom_id": custom_id, "data": data}
+
+
+def _non_finite(value: Any, path: str) -> str | None:
+    """The path of the first number in value that is not finite, or None."""
+    if isinstance(value, float):
+        return None if math.isfinite(value) else path
+    items = (
+        value.items()
+        if isinstance(value, dict)
+        else (enumerate(value) if isinstance(value, list) else ())
+    )
+    for key, item in items:
+        sub = f"{path}.{key}" if isinstance(key, str) else f"{path}[{key}]"
+        if (found := _non_finite(item, sub.lstrip("."))) is not None:
+            return found
+    return None
 
 
 def load_schema(path: str) -> dict[str, Any]:
