@@ -25,7 +25,7 @@ import torch
 from bench_cpu_attention import alternate  # best of each, median old/new over pairs
 
 from tide_fleet.kernels import cpu as cpu_kernels
-from tide_fleet.kernels import torch_attention
+from tide_fleet.kernels import dispatch, torch_attention
 from tide_fleet.kernels.attention_metadata import DecodeGroup
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK, LAYERS, ROWS, POOL = 16, 4, 64, 16, 9, 64, 4096
@@ -44,6 +44,9 @@ def main() -> None:
     ops = cpu_kernels.ops()
     if ops is None:
         raise SystemExit("the native CPU kernels could not be built here")
+    # The kernel table, with TIDE_KERNELS applied: on AMX, decode_attention=cpp-avx512bf16
+    # runs the VDPBF16PS loop where the tiles would.
+    impl = dispatch.impl("decode_attention", "cpu")
     dtype = getattr(torch, args.dtype)
     gen = torch.Generator().manual_seed(1)
 
@@ -78,12 +81,13 @@ def main() -> None:
     isa = ops.decode_attention_isa()
     print(f"decode {ROWS} rows x 100-800 keys ({args.blocks} blocks), {LAYERS} layers, "
           f"{args.dtype}: "
-          f"torch {t_torch * 1e3:.1f} ms, native ({isa}) {t_native * 1e3:.1f} ms, "
+          f"torch {t_torch * 1e3:.1f} ms, native ({impl}, {isa}) {t_native * 1e3:.1f} ms, "
           f"{ratio:.2f}x (median of pairs); max |diff| {err:.1e}")  # fmt: skip
     print(f"native kernel reads K/V at {kv_bytes / t_native / 1e9:.1f} GB/s, "
           f"a plain read of as many bytes {kv_bytes / t_read / 1e9:.1f} GB/s")  # fmt: skip
     print(json.dumps({
-        "dtype": args.dtype, "blocks": args.blocks, "isa": isa, "torch_ms": t_torch * 1e3,
+        "dtype": args.dtype, "blocks": args.blocks, "isa": isa, "impl": impl,
+        "torch_ms": t_torch * 1e3,
         "native_ms": t_native * 1e3,
         "torch_over_native": ratio, "max_abs_diff": err,
         "kv_read_gb_s": kv_bytes / t_native / 1e9, "plain_read_gb_s": kv_bytes / t_read / 1e9,
