@@ -70,6 +70,10 @@ class BacklogCollector(Collector):
             "arrived_tokens": CounterMetricFamily(
                 "tide:arrived_tokens", "prompt + max tokens ever enqueued", labels=labels
             ),
+            "expired_jobs": CounterMetricFamily(
+                "tide:expired_jobs", "queued jobs whose deadline or ttl passed before they "
+                "started", labels=labels,
+            ),
         }  # fmt: skip
         for model, buckets in self.latest.items():
             for bucket, backlog in buckets.items():

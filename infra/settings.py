@@ -81,6 +81,10 @@ class Settings(BaseSettings):
     # 400 above it; TIDE_TENANT_MAX_REQUEST_TOKENS='{"tenant": tokens}' overrides per tenant.
     max_request_tokens: int = Field(16_777_216, ge=1)
     tenant_max_request_tokens: dict[str, int] = Field(default_factory=dict)
+    # Fair shares within each queue (infra/wire/fair_scripts.py): TIDE_TENANT_WEIGHTS=
+    # '{"tenant": weight}'; a tenant with weight 2 is served twice the tokens of one with 1
+    # (the default) while both wait. Recorded on each job when it is created.
+    tenant_weights: dict[str, float] = Field(default_factory=dict)
 
     # Gateway request limits (docs/api.md): 413 above the body size; POST /v1/files has
     # file_max_bytes instead. Tokenising runs in at most this many threads (0 = the CPUs
@@ -157,6 +161,14 @@ class Settings(BaseSettings):
     def _only_zero_disables(cls, v: Any) -> Any:
         # As documented (docs/operations.md): "0" turns them off, any other value leaves them on.
         return v != "0" if isinstance(v, str) else v
+
+    @field_validator("tenant_weights")
+    @classmethod
+    def _weights_positive(cls, v: dict[str, float]) -> dict[str, float]:
+        bad = sorted(t for t, w in v.items() if not w > 0)
+        if bad:
+            raise ValueError(f"tenant_weights: weights must be > 0 (not for {bad})")
+        return v
 
     @field_validator("bucket_medium_max")
     @classmethod

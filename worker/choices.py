@@ -3,7 +3,8 @@
 
 Choice i of job j is engine request ``j#i`` (a job of one choice keeps the plain job id),
 with seed ``seed + i`` (so choice 0 samples exactly as a job of one choice does; no seed
-stays none). Every choice has the job's prompt token ids and priority.
+stays none). Every choice has the job's prompt token ids and priority; a resumed choice
+also its kept output tokens (``tide_fleet.worker.resume``).
 
 Sharing the prompt: the engine hashes a full KV block for the prefix cache only after
 the step that computed it, so choices admitted in the same step would each compute the
@@ -179,8 +180,9 @@ class ChoiceRunner:
     ) -> None:  # fmt: skip
         choice = job.choices[index]
         self.engine.add_request(
-            choice.request_id, prompt, choice_params(params, index), priority, job.group
-        )
+            choice.request_id, prompt, choice_params(params, index), priority, job.group,
+            output_token_ids=choice.kept_tokens or None,
+        )  # fmt: skip
         choice.added = True
         if self.on_add is not None:
             self.on_add(job, choice.request_id)

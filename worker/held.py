@@ -30,6 +30,10 @@ class Choice:
     error: str | None = None
     completion_tokens: int = 0
     logprobs: list[dict[str, Any]] | None = None  # wire entries, when the job asked
+    # What an earlier attempt produced and wrote (tide_fleet.worker.resume): the request goes on
+    # from these tokens; their logprob entries are kept as written.
+    kept_tokens: list[int] = field(default_factory=list)
+    kept_logprobs: list[dict[str, Any]] = field(default_factory=list)
 
     def end(self, reason: str, error: str | None = None) -> None:
         """Ended without an engine output (aborted before it was added, or rejected)."""

@@ -14,8 +14,11 @@ repeated write is harmless: a finish from a holder that lost its lease is droppe
 job store, a start mark is set once, and a webhook already scheduled is left as it is.
 
 Outputs are per choice (``tide_fleet.worker.held``); a job's result is recorded once, when its last
-choice ends. A delta names its choice (``i``) and, when the job asked for logprobs,
-carries their entries for its tokens (``lp``, JSON).
+choice ends. A delta names its choice (``i``), carries its token ids (``t``, comma-separated:
+what a resumed attempt continues from, ``tide_fleet.worker.resume``) and, when the job asked for
+logprobs, their entries (``lp``, JSON). It is written only while this worker holds the
+job's lease. Each flush also adds the tokens it carries to the fleet's
+``Keys.generated_tokens``.
 """
 
 from __future__ import annotations
@@ -52,13 +55,16 @@ class Saved:
 @dataclass
 class PendingWrites:
     entries: LogprobEntries = field(default_factory=lambda: LogprobEntries(None))
-    deltas: list[tuple[str, dict[str, Any]]] = field(default_factory=list)  # job id, event
+    deltas: list[tuple[HeldJob, dict[str, Any]]] = field(default_factory=list)
     first_tokens: list[HeldJob] = field(default_factory=list)
     started: list[HeldJob] = field(default_factory=list)
     finished: list[tuple[HeldJob, JobStatus, dict[str, Any]]] = field(default_factory=list)
+    generated: int = 0  # tokens the engine produced for held jobs (Keys.generated_tokens)
 
     def __bool__(self) -> bool:
-        return bool(self.deltas or self.first_tokens or self.started or self.finished)
+        return bool(
+            self.deltas or self.first_tokens or self.started or self.finished or self.generated
+        )
 
     def record(self, held: Held, outputs: list[RequestOutput]) -> None:
         """A step's outputs, for the choices of the jobs this worker holds."""
@@ -68,14 +74,15 @@ class PendingWrites:
             if found is None or found[1].done:
                 continue
             job, choice = found
+            self.generated += len(out.new_token_ids)
             if job.streams and (out.delta_text or out.new_token_ids):
                 event: dict[str, Any] = {
                     "type": "delta", "text": out.delta_text, "n": len(out.new_token_ids),
-                    "i": choice.index,
+                    "i": choice.index, "t": ",".join(map(str, out.new_token_ids)),
                 }  # fmt: skip
                 if job.logprobs:
                     event["lp"] = json.dumps(self.entries(out.new_logprobs))
-                self.deltas.append((job.job_id, event))
+                self.deltas.append((job, event))
             if job.first_token_at is None and out.new_token_ids:
                 job.first_token_at = now
                 if job.streams and not out.finished:  # visible while it runs
@@ -84,8 +91,8 @@ class PendingWrites:
                 choice.done, choice.text = True, out.text
                 choice.finish_reason, choice.error = out.finish_reason or "stop", out.error
                 choice.completion_tokens = len(out.token_ids)
-                if job.logprobs:
-                    choice.logprobs = self.entries(out.logprobs or [])
+                if job.logprobs:  # kept ones as an earlier attempt wrote them
+                    choice.logprobs = choice.kept_logprobs + self.entries(out.logprobs or [])
                 self.finish_if_done(job)
 
     def finish_if_done(self, job: HeldJob) -> None:
@@ -116,7 +123,7 @@ class PendingWrites:
 
     def forget(self, job_id: str) -> None:
         """The lease moved on (reaped while Redis was away): nothing of it is written."""
-        self.deltas = [d for d in self.deltas if d[0] != job_id]
+        self.deltas = [d for d in self.deltas if d[0].job_id != job_id]
         self.first_tokens = [j for j in self.first_tokens if j.job_id != job_id]
         self.started = [j for j in self.started if j.job_id != job_id]
         self.finished = [f for f in self.finished if f[0].job_id != job_id]
@@ -124,9 +131,11 @@ class PendingWrites:
     def take(self) -> PendingWrites:
         """Everything pending, moved out whole as one batch to flush; this starts empty."""
         batch = PendingWrites(
-            self.entries, self.deltas, self.first_tokens, self.started, self.finished
-        )
+            self.entries, self.deltas, self.first_tokens, self.started, self.finished,
+            self.generated,
+        )  # fmt: skip
         self.deltas, self.first_tokens, self.started, self.finished = [], [], [], []
+        self.generated = 0
         return batch
 
     def restore(self, batch: PendingWrites, held: Held) -> None:
@@ -136,7 +145,8 @@ class PendingWrites:
         def kept(jobs: list[HeldJob]) -> list[HeldJob]:
             return [j for j in jobs if held.get(j.job_id) is j]
 
-        self.deltas = [d for d in batch.deltas if d[0] in held] + self.deltas
+        self.deltas = [d for d in batch.deltas if held.get(d[0].job_id) is d[0]] + self.deltas
+        self.generated += batch.generated
         self.first_tokens = kept(batch.first_tokens) + self.first_tokens
         self.started = kept(batch.started) + self.started
         finished = [f for f in batch.finished if held.get(f[0].job_id) is f[0]]
@@ -146,8 +156,10 @@ class PendingWrites:
         """This batch on one pipeline, executed (a Redis error raises; the batch is left
         as it was, to be restored). Reads only what recording no longer changes.
         `webhook`: SCHEDULE_IF_FINISHED (infra/jobs/webhook_store.py), registered."""
-        for job_id, event in self.deltas:
-            pipe.xadd(Keys.events(job_id), event)
+        for job, event in self.deltas:
+            store.add_delta(job.job_id, job.token, event, client=pipe)
+        if self.generated:
+            pipe.incrby(Keys.generated_tokens, self.generated)
         for job in self.first_tokens:
             cold = {} if job.cold_start_s is None else {"cold_start_seconds": job.cold_start_s}
             store.update(

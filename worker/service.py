@@ -38,6 +38,7 @@ from tide_fleet.worker.logprobs import LogprobEntries
 from tide_fleet.worker.metrics import WorkerMetrics
 from tide_fleet.worker.outage import Outage
 from tide_fleet.worker.results import PendingWrites
+from tide_fleet.worker.resume import may_have_output, read_kept
 from tide_fleet.worker.writer import ResultWriter
 
 log = logging.getLogger(__name__)
@@ -215,9 +216,11 @@ class WorkerService:
 
     def _start(self, message: queues.Delivery, job: JobMessage) -> None:
         lease = self.settings.lease_seconds
-        status, token, record = self.store.acquire(job.job_id, self.worker_id, lease)
-        if status != "acquired":
-            log.info("skipping %s: %s", job.job_id, status)  # cancelled or a duplicate
+        status, token, record = self.store.acquire(
+            job.job_id, self.worker_id, lease, self.settings.events_ttl_seconds
+        )
+        if status != "acquired":  # cancelled, a duplicate, or expired just now
+            log.info("skipping %s: %s", job.job_id, status)
             self.taker.ack_now(message)
             return
         held = HeldJob(
@@ -234,11 +237,25 @@ class WorkerService:
             held.work = job.prompt_tokens + n * params.max_tokens  # what the n choices may use
             held.logprobs = params.logprobs is not None
             held.choices = [Choice(i, request_id(job.job_id, i, n)) for i in range(n)]
+            if held.streams and may_have_output(record):
+                self._resume(held, record)
             self.held.add(held)
             self.choices.start(held, spec)
         except (ValueError, TypeError, KeyError) as e:
             self.held.add(held)
             self.pending.reject(held, f"rejected by the worker: {e}")
+
+    def _resume(self, held: HeldJob, record: dict[str, str]) -> None:
+        """Start the choices from what earlier attempts wrote (``tide_fleet.worker.resume``)."""
+        kept = read_kept(self.redis, held.job_id)
+        for c in held.choices:
+            if (k := kept.get(c.index)) is not None:
+                c.kept_tokens, c.kept_logprobs = k.tokens, k.logprobs
+        if resumed := sum(len(c.kept_tokens) for c in held.choices):
+            held.first_token_at = float(record.get("first_token_at") or time.time())
+            self.redis.incrby(Keys.resumed_tokens, resumed)
+            log.info("resuming %s from %s kept tokens", held.job_id,
+                     [len(c.kept_tokens) for c in held.choices])  # fmt: skip
 
     # -- results -----------------------------------------------------------------------
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from tide_fleet.gateway.console.rates import ArrivalRates
 from tide_fleet.gateway.deps import StateDep
+from tide_fleet.infra.wire import queues
 from tide_fleet.infra.wire.backlog import Lanes, read_lanes_async
 from tide_fleet.infra.wire.heartbeats import Heartbeat
 from tide_fleet.infra.wire.models import ModelCatalog
@@ -45,13 +46,14 @@ async def read_queues(
     backlog = await read_lanes_async(state.aredis, [m.lane for m in models], now)
     names = [queue_name(b, p, m.lane) for m in models for b in BUCKETS for p in Priority]
     pipe = state.aredis.pipeline(transaction=False)
-    for name in names:
-        pipe.llen(name)
+    for name in names:  # a queue is its lists and its deadline zset
+        queues.read_depth(pipe, name)
     for t in tenants:
         pipe.get(Keys.tenant_active(t))
     raw = await pipe.execute()
-    depths = dict(zip(names, (int(v) for v in raw[: len(names)]), strict=True))
-    active = [int(v or 0) for v in raw[len(names) :]]
+    n = queues.DEPTH_READS
+    depths = {name: queues.depth_of(raw[n * i : n * (i + 1)]) for i, name in enumerate(names)}
+    active = [int(v or 0) for v in raw[n * len(names) :]]
     return backlog, depths, active
 
 

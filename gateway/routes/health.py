@@ -11,6 +11,7 @@ from tide_fleet.gateway.deps import StateDep
 from tide_fleet.gateway.metrics import BACKLOG, QUEUE_DEPTH, registry
 from tide_fleet.gateway.readiness import readiness
 from tide_fleet.gateway.served import served_catalog
+from tide_fleet.infra.wire import queues
 from tide_fleet.infra.wire.backlog import read_lanes_async
 from tide_fleet.infra.wire.protocol import BUCKETS, Priority, queue_name
 
@@ -40,10 +41,12 @@ async def metrics(state: StateDep) -> Response:
     names = [queue_name(b, p) for b in BUCKETS for p in Priority]
     try:
         pipe = state.aredis.pipeline(transaction=False)
-        for name in names:
-            pipe.llen(name)
-        for name, depth in zip(names, await pipe.execute(), strict=True):
-            QUEUE_DEPTH.labels(name).set(depth)
+        for name in names:  # a queue is its lists and its deadline zset
+            queues.read_depth(pipe, name)
+        raw = await pipe.execute()
+        n = queues.DEPTH_READS
+        for i, name in enumerate(names):
+            QUEUE_DEPTH.labels(name).set(queues.depth_of(raw[n * i : n * (i + 1)]))
         models = served_catalog(state).models
         backlog = await read_lanes_async(state.aredis, [m.lane for m in models])
         BACKLOG.latest = {m.name: backlog[m.lane] for m in models}

@@ -52,6 +52,9 @@ def _job_line(job: dict[str, str], model: str, make_body: BodyMaker) -> dict[str
             "response": {"status_code": 200, "request_id": job["id"], "body": body},
             "error": None,
         }
+    elif job.get("status") == JobStatus.EXPIRED:  # OpenAI's line for a window that ran out
+        message = "This request could not be executed before the completion window expired."
+        line |= {"response": None, "error": {"code": "batch_expired", "message": message}}
     else:
         status = job.get("status") or "expired"
         message = job.get("error") or f"job {status}"

@@ -187,6 +187,7 @@ def fan_out(batch: dict[str, str], file: dict[str, str], served: ServedModel) ->
         pending.clear()
         refused.clear()
 
+    window_end = float(batch["expires_at"]) if batch.get("expires_at") else None
     index = -1
     for index, (_n, raw) in enumerate(_lines(h.files, file)):
         obj = json.loads(raw)
@@ -198,7 +199,7 @@ def fan_out(batch: dict[str, str], file: dict[str, str], served: ServedModel) ->
                 idempotency_key=f"batch:{batch_id}:{index}", priority=Priority.BATCH,
                 extra_fields={"batch_id": batch_id, "batch_line": index, "custom_id": custom_id,
                               **plan.fields},
-                tools=plan.tools, served=served,
+                tools=plan.tools, served=served, deadline=window_end,
             )  # fmt: skip
             job.max_active = job.max_queue_length = job.max_rate = NO_LIMIT
             pending.append((index, job))

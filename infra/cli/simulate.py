@@ -31,7 +31,8 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument(
         "--trace", default="diurnal",
-        help="diurnal (one day, peak 10x trough, bursts), mixed (80/20 short/long, 6 h) or "
+        help="diurnal (one day, peak 10x trough, bursts), mixed (80/20 short/long, 6 h), "
+             "batch-windows (diurnal plus nightly batches with 24 h and 6 h windows) or "
              'FILE.jsonl: one {"arrival_s", "prompt_tokens", "max_tokens", "output_tokens"?, '
              '"model"?} per line; model is a served name or alias of the fleet, absent for '
              "its default model (default diurnal)",
@@ -59,7 +60,8 @@ def add_parser(sub: Any) -> None:
     )  # fmt: skip
     p.add_argument(
         "--policies", default="tide,list_length,static_peak",
-        help="comma-separated subset of tide,list_length,static_peak",
+        help="comma-separated subset of tide,tide_size_only,list_length,static_peak "
+             "(tide_size_only: tide without the queued jobs' deadlines)",
     )  # fmt: skip
     p.add_argument(
         "--list-length", type=int, default=5,
@@ -162,7 +164,7 @@ def _table(results: Any, fleet: Any, fleet_path: str, models: Any, args: Any, n:
     from rich.table import Table
 
     console = Console()
-    console = Console(width=max(console.width, 110))  # the table needs ~100 columns
+    console = Console(width=max(console.width, 120))  # the table needs ~100-115 columns
     console.print(f"trace {args.trace} (seed {args.seed}): {n} jobs over {span / 3600:.1f} h")
     console.print(f"fleet {fleet_path}; tide's rate per worker: {args.tide_rate}")
     for name, pool in fleet.pools.items():
@@ -172,8 +174,10 @@ def _table(results: Any, fleet: Any, fleet_path: str, models: Any, args: Any, n:
             f"; {models[name].source.replace('planner roofline: ', '')}"
         )
     table = Table(box=box.SIMPLE_HEAD)
-    for col in ("policy", "GPU-h", "vs static", "p50 wait", "p99 wait", "p99 short",
-                "in SLO", "SLO met", "peak"):  # fmt: skip
+    deadlines = any(r.deadline_jobs for r in results.values())
+    cols = ("policy", "GPU-h", "vs static", "p50 wait", "p99 wait", "p99 short",
+            "in SLO", "SLO met", "peak")  # fmt: skip
+    for col in cols + (("on time",) if deadlines else ()):
         table.add_column(
             col, justify="left" if col == "policy" else "right", no_wrap=col == "policy"
         )
@@ -184,8 +188,13 @@ def _table(results: Any, fleet: Any, fleet_path: str, models: Any, args: Any, n:
             name, f"{r.gpu_hours:.1f}", vs, f"{r.p50_wait_s:.1f}s", f"{r.p99_wait_s:.1f}s",
             f"{r.p99_wait_short_s:.1f}s", f"{r.slo_attainment:.2%}",
             "yes" if r.slo_met else "no", str(r.peak_workers),
+            *([f"{r.deadline_attainment:.2%}"] if deadlines else []),
         )  # fmt: skip
     console.print(table)
+    if deadlines:
+        console.print("waits and SLOs count jobs without a deadline; on time: the share of")
+        n_due = next(iter(results.values())).deadline_jobs
+        console.print(f"the {n_due} deadline jobs finished by their deadline.")
     console.print("in SLO: jobs whose wait <= their home pool's target_wait_s; SLO met: every")
     console.print("pool's p99 wait (its home buckets' jobs) <= its target_wait_s. p99 by pool:")
     for name, r in results.items():

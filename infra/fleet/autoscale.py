@@ -27,13 +27,19 @@ launched now serve nothing before they are ready, so a queue that is already lat
 drained over the time new capacity needs to arrive, instead of asking for max_workers at
 every poll. Rates are smoothed with time constants, not per-poll weights (RateTracker),
 so the poll interval does not change how jumpy the controller is.
+
+With a deadline backlog in the observation (`deadlines`, not None), queued jobs that carry
+a deadline leave the size rule above and are sized by their deadlines instead
+(infra/fleet/deadlines.py): target = max(size target, deadline target). A far deadline
+does not wake a pool from zero; a near one does. Without it, nothing changes.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from tide_fleet.infra.fleet.deadlines import deadline_demand, deadline_target
 from tide_fleet.infra.fleet.fleet_config import ControllerConfig, PoolConfig
 
 ARRIVAL_TAU_S = 60.0  # time constant of the smoothed arrival rate
@@ -61,6 +67,9 @@ class PoolObservation:
     arrival_tokens_per_s: float  # smoothed
     rate_per_worker: float  # work tokens/s one worker finishes (measured or estimated)
     workers: list[WorkerView]
+    # (deadline, work tokens) of the queued jobs that carry one, by deadline, counted in
+    # backlog_jobs/backlog_tokens too; None: not observed (sized by backlog and wait alone).
+    deadlines: list[tuple[float, int]] | None = None
 
 
 @dataclass
@@ -98,17 +107,25 @@ def decide(
     active = [w for w in obs.workers if w.state != "draining"]
     current = len(active)
     draining = len(obs.workers) - current
-    busy = obs.backlog_jobs > 0 or any(w.running > 0 for w in obs.workers)
+    running = any(w.running > 0 for w in obs.workers)
+    busy = obs.backlog_jobs > 0 or running
     if busy:
         state.idle_since = None
     elif state.idle_since is None:
         state.idle_since = obs.now
+    sized = _without_deadlines(obs)  # what the size rule sizes for
     # Rates decide how many, not whether: with nothing queued and nothing in flight the
     # demand is zero, whatever the smoothed arrival rate still remembers.
-    demand = demand_workers(obs, pool) if busy else 0.0
+    demand = demand_workers(sized, pool) if sized.backlog_jobs > 0 or running else 0.0
     need = math.ceil(demand - 1e-9)
-    if obs.backlog_jobs > 0:
+    if sized.backlog_jobs > 0:
         need = max(need, 1)  # from zero on the first job
+    by_deadline = 0
+    if obs.deadlines:
+        due = deadline_demand(obs.deadlines, obs.now, obs.rate_per_worker, pool.cold_start_s)
+        by_deadline = deadline_target(due)
+        need = max(need, by_deadline)
+        demand = max(demand, due)
     need = min(max(need, pool.min_workers), pool.max_workers)
     # The cap counts every live worker: draining ones still hold a process (or an instance).
     room = pool.max_workers - draining
@@ -133,7 +150,8 @@ def decide(
             f"demand {demand:.2f} workers: backlog {obs.backlog_tokens} tok "
             f"({obs.backlog_jobs} jobs, oldest {obs.oldest_age_s:.1f}s), "
             f"arrivals {obs.arrival_tokens_per_s:.0f} tok/s, "
-            f"{obs.rate_per_worker:.0f} tok/s per worker, target wait {pool.target_wait_s:g}s",
+            f"{obs.rate_per_worker:.0f} tok/s per worker, target wait {pool.target_wait_s:g}s"
+            + (f", {by_deadline} for deadlines" if by_deadline else ""),
         )  # fmt: skip
     if current <= pool.min_workers:
         return done("hold", current, "at min_workers")
@@ -159,6 +177,16 @@ def decide(
         "scale_in", current - 1,
         f"demand {demand:.2f} < {controller.scale_in_hysteresis:g} x {current - 1}", victims,
     )  # fmt: skip
+
+
+def _without_deadlines(obs: PoolObservation) -> PoolObservation:
+    """The observation the size rule sees: the backlog less the jobs that carry a deadline
+    (the oldest age stays the queue's: the backlog keys keep one per bucket)."""
+    if not obs.deadlines:
+        return obs
+    jobs = max(obs.backlog_jobs - len(obs.deadlines), 0)
+    tokens = max(obs.backlog_tokens - sum(t for _, t in obs.deadlines), 0) if jobs else 0
+    return replace(obs, backlog_jobs=jobs, backlog_tokens=tokens, deadlines=None)
 
 
 def _idlest(workers: list[WorkerView], n: int) -> list[str]:

@@ -29,6 +29,7 @@ from tide_fleet.infra.fleet.autoscale import (
     WorkerView,
     decide,
 )
+from tide_fleet.infra.fleet.deadlines import merge_deadlines
 from tide_fleet.infra.fleet.fleet_config import FleetConfig, PoolConfig
 from tide_fleet.infra.fleet.reaper import run_reaper
 from tide_fleet.infra.plan.planner import estimate_pool_tokens_per_s
@@ -37,6 +38,11 @@ from tide_fleet.infra.wire import fleet_status
 from tide_fleet.infra.wire.backlog import read_lanes
 from tide_fleet.infra.wire.heartbeats import Heartbeat, read_heartbeats
 from tide_fleet.infra.wire.protocol import BUCKETS, Keys, backlog_field
+
+try:  # queued jobs' deadlines per backlog field; a wire without it: sized by backlog alone
+    from tide_fleet.infra.wire.backlog import deadline_backlog
+except ImportError:  # pragma: no cover - depends on the wire's version
+    deadline_backlog = None
 
 log = logging.getLogger("tide.controller")
 
@@ -112,8 +118,21 @@ class Controller:
             rate = pool.tokens_per_s or learnt or self.estimates[name]
             m.ARRIVAL_RATE.labels(name, self.metric_models[lane]).set(arrival)
             m.SERVICE_RATE.labels(name, self.metric_models[lane]).set(rate)
-            out[name] = PoolObservation(now, jobs, tokens, oldest, arrival, rate, workers)
+            deadlines = self._deadlines(lane, home, jobs)
+            out[name] = PoolObservation(
+                now, jobs, tokens, oldest, arrival, rate, workers, deadlines
+            )
         return out
+
+    def _deadlines(self, lane: str, home: list[str], jobs: int) -> list[tuple[float, int]] | None:
+        """The pool's queued jobs that carry a deadline, by deadline (None: the wire cannot
+        say, and the pool is sized by backlog and wait alone)."""
+        if deadline_backlog is None:
+            return None
+        if not jobs:
+            return []  # nothing queued: no round trip
+        fields = [backlog_field(b, lane) for b in home]
+        return merge_deadlines([deadline_backlog(self.r, f) for f in fields])
 
     def _worker_views(self, pool: PoolConfig, beats: dict[str, Heartbeat]) -> list[WorkerView]:
         views = []

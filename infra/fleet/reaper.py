@@ -1,7 +1,8 @@
 """The lease reaper: re-queues in-progress jobs whose worker stopped refreshing its lease.
 
 A small loop; ``tide up`` runs it, and the controller hosts it. Each pass also puts back
-stranded messages and forgets dead worker ids; every ``batch_poll_interval`` it runs the
+stranded messages, expires queued jobs whose deadline or ttl passed, and forgets dead
+worker ids; every ``batch_poll_interval`` it runs the
 batch supervisor (``infra.batches.supervise.supervise_batches``). After a Redis outage it reaps no
 lease for a while (``OutageGrace``): a worker alive behind the outage could not refresh
 its leases, and gets the time to do so once Redis is back.
@@ -97,6 +98,8 @@ class Reaper:
             log.warning("queued job %s expired before it ran: dropped from the backlog", job_id)
         for job_id in store.restore_stranded(STRANDED_SECONDS):
             log.warning("message of %s was taken but never started: back in its queue", job_id)
+        for job_id in store.expire_due(events_ttl=settings.events_ttl_seconds):
+            log.info("queued job %s expired: its deadline or ttl passed before it started", job_id)
         wait = self.grace.remaining(self._redis_uptime())
         if wait > 0:
             if not self._holding:

@@ -2,8 +2,9 @@
 
 - 400 ``job_rejected``: a worker refused the request itself (its options, its grammar);
 - 409 ``job_cancelled``: cancelled meanwhile (``DELETE /v1/jobs/{id}``, a batch cancel);
-- 503 ``no_worker`` with ``Retry-After``: it expired before any worker took it, or its
-  record is gone: no worker could take it, and a retry later may find one;
+- 504 ``expired``: its deadline or ttl passed before any worker started it;
+- 503 ``no_worker`` with ``Retry-After``: its record is gone: no worker could take it,
+  and a retry later may find one;
 - 500 ``job_failed``: a fault inside the fleet (a worker lost it too often, an engine error).
 Each message names the job id, to look it up.
 """
@@ -30,10 +31,12 @@ def unfinished_job(job_id: str, record: dict[str, str] | None) -> JobErrorAnswer
     if status == "cancelled":
         return JobErrorAnswer(409, f"job {job_id} was cancelled before it completed",
                               "job_cancelled")  # fmt: skip
-    if status in ("expired", "missing"):
-        what = "expired before any worker took it" if status == "expired" else "is gone"
+    if status == "expired":
+        return JobErrorAnswer(504, f"job {job_id} expired: {error or 'not started in time'}",
+                              "expired")  # fmt: skip
+    if status == "missing":
         return JobErrorAnswer(
-            503, f"job {job_id} {what}: no worker could take it; retry later", "no_worker",
+            503, f"job {job_id} is gone: no worker could take it; retry later", "no_worker",
             {"Retry-After": RETRY_AFTER_SECONDS},
         )  # fmt: skip
     if status == "failed" and error.startswith(REJECTED_PREFIX):

@@ -88,7 +88,7 @@ def completion_jobs(
     # get one job's share of a step, not one share per prompt.
     group = {"group": "grp_" + uuid.uuid4().hex} if len(prompts) > 1 else {}
     for prompt in prompts:
-        body = JobCreate(**sampling, n=req.n, prompt=prompt, priority=priority)
+        body = JobCreate(**sampling, **req.timing(), n=req.n, prompt=prompt, priority=priority)
         fields = {**recorded, **group}
         if req.echo:
             text = prompt if isinstance(prompt, str) else info.tokenizer.decode(prompt)
@@ -149,7 +149,12 @@ def chat_job(
     if render is not None:
         fields["render"] = {"tools": render.to_dict()}
     body = JobCreate(
-        **sampling, n=req.n, messages=req.messages, priority=priority, metadata=req.metadata
+        **sampling,
+        **req.timing(),
+        n=req.n,
+        messages=req.messages,
+        priority=priority,
+        metadata=req.metadata,
     )
     template_tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
     return PlannedJob(body, fields, template_tools)

@@ -29,6 +29,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from tide_fleet.infra.contract.structured import as_structured
+from tide_fleet.infra.jobs.deadlines import TimingFields
 from tide_fleet.infra.jobs.fields import (
     METADATA_DOC,
     METADATA_MAX_KEYS,
@@ -60,7 +61,7 @@ def _structured_shape(v: object) -> dict[str, Any] | None:
         raise PydanticCustomError("invalid_structured", "{e}", {"e": str(e)}) from None
 
 
-class JobCreate(SamplingFields):
+class JobCreate(SamplingFields, TimingFields):
     model_config = ConfigDict(
         extra="forbid",
         json_schema_extra={"oneOf": [{"required": ["prompt"]}, {"required": ["messages"]}]},
@@ -128,7 +129,7 @@ def _nullable(schema: dict[str, Any]) -> None:
             schema["properties"][name] = {"anyOf": [prop, null]}
 
 
-class OpenAIFields(SamplingFields):
+class OpenAIFields(SamplingFields, TimingFields):
     model_config = ConfigDict(extra="forbid", json_schema_extra=_nullable)
     model: Text | None = Field(None, description="the served model's name (or leave it out)")
     stream: bool = Field(False, strict=True)

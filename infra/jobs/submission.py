@@ -19,6 +19,7 @@ from tide_fleet.infra.contract.model_config import ModelConfig
 from tide_fleet.infra.contract.registry import model_folder
 from tide_fleet.infra.contract.tokenizer import Tokenizer
 from tide_fleet.infra.jobs.ceilings import check_work
+from tide_fleet.infra.jobs.deadlines import job_timing
 from tide_fleet.infra.jobs.errors import SubmissionError as SubmissionError
 from tide_fleet.infra.jobs.messages import ChatMessage
 from tide_fleet.infra.jobs.request_checks import check_sampling, check_token_ids
@@ -136,13 +137,17 @@ def build_job(
     extra_fields: dict[str, Any] | None = None,
     tools: list[dict[str, Any]] | None = None,
     served: ServedModel | None = None,
+    deadline: float | None = None,
 ) -> NewJob:
     """Everything the create script writes; raises SubmissionError for bad sizes. `tools`
     (OpenAI's form) go to the chat template with the messages. `served`: the model it is
     for (its bucket rules, queues and backlog; the record names it); None: the default
-    model of a one-model fleet, as always."""
+    model of a one-model fleet, as always. `deadline`: an outer one (a batch's window end).
+    """
     if idempotency_key is not None:
         check_idempotency_key(idempotency_key)
+    now = time.time()
+    timing = job_timing(body, now, deadline)
     check_sampling(body, info.config.vocab_size)
     ids = token_ids(info, body, tools)
     context = info.config.max_model_len
@@ -176,7 +181,6 @@ def build_job(
     message = queues.encode(
         JobMessage(job_id, bucket, prio.value, len(ids), body.n * body.max_tokens), queue
     )
-    now = time.time()
     fields = {
         "id": job_id,
         "tenant": tenant,
@@ -195,6 +199,8 @@ def build_job(
         "attempts": 0,
         **({"model": served.name} if served is not None else {}),
         **({"backlog": backlog_field(bucket, lane)} if lane else {}),
+        **share_weight(settings, tenant),
+        **timing,
         **(extra_fields or {}),
     }
     return NewJob(
@@ -202,6 +208,12 @@ def build_job(
         settings.max_queue_length, settings.max_requests_per_second_per_tenant,
         settings.job_ttl_seconds,
     )  # fmt: skip
+
+
+def share_weight(settings: Settings, tenant: str) -> dict[str, float]:
+    """The tenant's fair-share weight as a record field; none for the default weight 1."""
+    weight = settings.tenant_weights.get(tenant, 1.0)
+    return {} if weight == 1.0 else {"share_weight": weight}
 
 
 def check_idempotency_key(key: str) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from tide_fleet.infra.fleet.fleet_config import FleetConfig
 from tide_fleet.infra.sim.policies import (
+    DEFAULT_POLICIES,
     POLICIES,
     KedaConfig,
     ListLengthPolicy,
@@ -23,7 +24,7 @@ def simulate(
     jobs: list[Job],
     duration_s: float,
     models: dict[str, ServiceModel] | None = None,
-    policies: tuple[str, ...] = POLICIES,
+    policies: tuple[str, ...] = DEFAULT_POLICIES,
     config: SimConfig | None = None,
     keda: KedaConfig | None = None,
 ) -> dict[str, PolicyResult]:
@@ -40,8 +41,8 @@ def simulate(
         def run(policy: Policy) -> PolicyResult:
             return Simulation(fleet, jobs, models, duration_s, config).run(policy)
 
-        if name == "tide":
-            out[name] = run(TidePolicy(fleet, config))
+        if name in ("tide", "tide_size_only"):
+            out[name] = run(TidePolicy(fleet, config, deadlines=name == "tide"))
         elif name == "list_length":
             out[name] = run(ListLengthPolicy(fleet, keda))
         else:

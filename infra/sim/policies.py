@@ -1,6 +1,8 @@
 """The scaling policies the simulator compares: Tide's own (infra.fleet.autoscale.decide, fed
-what the controller observes), a KEDA-style list-length target, and static provisioning at
-the peak hour. Each is started once and then ticked every interval_s (infra/sim/simulation.py).
+what the controller observes: `tide` with the queued jobs' deadlines, `tide_size_only`
+without them, as a controller before deadlines sized pools), a KEDA-style list-length
+target, and static provisioning at the peak hour. Each is started once and then ticked
+every interval_s (infra/sim/simulation.py).
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ from tide_fleet.infra.sim.service_model import ServiceModel
 from tide_fleet.infra.sim.simulation import SimConfig, Simulation
 from tide_fleet.infra.sim.traces import Job
 
-POLICIES = ("tide", "list_length", "static_peak")
+POLICIES = ("tide", "tide_size_only", "list_length", "static_peak")
+DEFAULT_POLICIES = ("tide", "list_length", "static_peak")
 
 
 class TidePolicy:
@@ -32,9 +35,9 @@ class TidePolicy:
     queues), infra.fleet.autoscale.decide, the same actions (launch; drain the chosen workers,
     removed once drained)."""
 
-    name = "tide"
-
-    def __init__(self, fleet: FleetConfig, config: SimConfig) -> None:
+    def __init__(self, fleet: FleetConfig, config: SimConfig, deadlines: bool = True) -> None:
+        self.name = "tide" if deadlines else "tide_size_only"
+        self.deadlines = deadlines  # observe the queued jobs' deadlines (the controller does)
         self.fleet = fleet
         self.learn = config.tide_rate == "controller"
         self.interval_s: float | None = fleet.controller.poll_interval_s
@@ -60,7 +63,8 @@ class TidePolicy:
             else:
                 rate = sim.model_rate(name) or self.estimated[name]
             views = [WorkerView(w.wid, w.state, w.running, w.idle_since) for w in live]
-            obs = PoolObservation(now, jobs, tokens, oldest, arrival, rate, views)
+            due = sim.deadlines(name) if self.deadlines else None
+            obs = PoolObservation(now, jobs, tokens, oldest, arrival, rate, views, due)
             decision = decide(pool, obs, self.states[name], self.fleet.controller)
             if decision.action == "scale_out":
                 sim.launch(pool, decision.desired - decision.current, now)

@@ -1,5 +1,5 @@
 """What one policy's run over a trace comes to: GPU-hours, queue waits, SLOs, in total and
-per model."""
+per model, and the share of deadline jobs finished by their deadline."""
 
 from __future__ import annotations
 
@@ -46,6 +46,8 @@ class PolicyResult:
     timeline: list[tuple[float, int]] = field(repr=False)  # (time, billed workers) per change
     waits: list[tuple[float, float]] = field(repr=False)  # (arrival, wait) per job
     note: str = ""
+    deadline_jobs: int = 0  # jobs with a deadline (not in the waits and SLOs above)
+    deadline_attainment: float = 1.0  # their share finished by their deadline
 
     def summary(self) -> dict[str, Any]:
         """The figures `tide simulate --json` prints per policy."""
@@ -57,7 +59,12 @@ class PolicyResult:
             "slo_attainment": round(self.slo_attainment, 5),
             "peak_workers": self.peak_workers,
             "models": {name: m.summary() for name, m in self.by_model.items()},
-        }
+            **(
+                {"deadline_jobs": self.deadline_jobs,
+                 "deadline_attainment": round(self.deadline_attainment, 5)}
+                if self.deadline_jobs else {}
+            ),
+        }  # fmt: skip
 
 
 def measure(

@@ -5,7 +5,8 @@ pools (docs/simulator.md).
   max_tokens; its step time comes from its pool's service model (infra/sim/service_model.py);
 - a job waits in its (model, bucket) queue (infra/sim/routing.py); a worker takes the head of
   the first non-empty queue of its model's buckets in its pool's preference order, one job
-  per free slot (FCFS within a queue); a head it cannot fit waits for room;
+  per free slot (within a queue jobs without a deadline first, FCFS, then deadline jobs,
+  earliest deadline first: infra/sim/queue.py); a head it cannot fit waits for room;
 - workers are ready cold_start_s after launch, billed from launch until removed; scale-in
   drains (no new jobs; removed when the last one finishes).
 Event order at one instant: completions and ready workers, then arrivals, then the policy.
@@ -15,11 +16,12 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections import deque
 from dataclasses import dataclass
 from typing import Protocol
 
+from tide_fleet.infra.fleet.deadlines import merge_deadlines
 from tide_fleet.infra.fleet.fleet_config import FleetConfig, PoolConfig
+from tide_fleet.infra.sim.queue import SimQueue
 from tide_fleet.infra.sim.results import PolicyResult, measure
 from tide_fleet.infra.sim.routing import Routing
 from tide_fleet.infra.sim.service_model import ServiceModel
@@ -69,7 +71,7 @@ class Simulation:
         self.duration = max(duration_s, self.jobs[-1].arrival if self.jobs else 0.0)
         self.routing = r = Routing(fleet)
         self.home, self.servers = r.home, r.servers  # per queue: home pool, serving pools
-        self.queues: dict[str, deque[Job]] = {q: deque() for q in r.all_queues}
+        self.queues: dict[str, SimQueue] = {q: SimQueue() for q in r.all_queues}
         self.queued_tokens = dict.fromkeys(r.all_queues, 0)
         self.pool_workers: dict[str, list[SimWorker]] = {p: [] for p in fleet.pools}
         self.all_workers: list[SimWorker] = []
@@ -77,6 +79,7 @@ class Simulation:
         self.seq = 0
         self.start: dict[int, float] = {}  # job idx -> when a worker took it
         self.unfinished = 0
+        self.deadlines_met = 0  # deadline jobs finished by their deadline
         self.last_finish = 0.0
         self.timeline: list[tuple[float, int]] = [(0.0, 0)]
         self.arrived_tokens = dict.fromkeys(r.all_queues, 0)  # monotonic, as wire/backlog.py
@@ -96,8 +99,13 @@ class Simulation:
             if q:
                 jobs += len(q)
                 tokens += self.queued_tokens[name]
-                oldest = max(oldest, now - q[0].arrival)
+                oldest = max(oldest, now - q.oldest_arrival())
         return jobs, tokens, oldest
+
+    def deadlines(self, pool: str) -> list[tuple[float, int]]:
+        """(deadline, work tokens) of the queued deadline jobs of its home queues, by deadline,
+        as the controller reads them (infra/wire/backlog.py deadline_backlog)."""
+        return merge_deadlines([self.queues[q].deadlines() for q in self.routing.home_queues[pool]])
 
     def model_rate(self, pool: str) -> float | None:
         """The service model's work tokens/s for a full worker on the pool's home jobs so far."""
@@ -184,8 +192,8 @@ class Simulation:
         self.arrived_tokens[queue] += job.work
         home = self.home[queue]
         self.models[home].add_to(self.arrived_sums[home], job)
-        if self.queues[queue]:
-            self._enqueue(job, queue)  # FCFS: no worker could take the head, so it waits behind
+        if self.queues[queue].ahead_of(job):
+            self._enqueue(job, queue)  # no worker could take the head, so it waits behind
             return
         for pool, ahead in self.servers[queue]:
             if any(self.queues[q] for q in ahead):
@@ -202,7 +210,7 @@ class Simulation:
         self._enqueue(job, queue)
 
     def _enqueue(self, job: Job, queue: str) -> None:
-        self.queues[queue].append(job)
+        self.queues[queue].push(job)
         self.queued_tokens[queue] += job.work
 
     def _start(self, w: SimWorker, job: Job, now: float) -> None:
@@ -221,9 +229,9 @@ class Simulation:
             for name in w.queues:
                 q = self.queues[name]
                 if q:
-                    if not w.can_take(q[0]):
+                    if not w.can_take(q.head()):
                         return  # it waits for room; the worker holds its place
-                    job = q.popleft()
+                    job = q.pop()
                     self.queued_tokens[name] -= job.work
                     self._start(w, job, now)
                     break
@@ -258,6 +266,8 @@ class Simulation:
             w.served += job.work
             self.unfinished -= 1
             self.last_finish = now
+            if job.deadline is not None and now <= job.deadline:
+                self.deadlines_met += 1
         if not w.heap:
             w.mem = w.flop = w.prefill = 0.0  # no drift left over
         self._fill(w, now)
@@ -272,5 +282,11 @@ class Simulation:
         self._mark(now)
 
     def _result(self, name: str, end: float) -> PolicyResult:
-        waits = [self.start[j.idx] - j.arrival for j in self.jobs]
-        return measure(name, self.routing, self.jobs, waits, self.all_workers, self.timeline, end)
+        # Waits and SLOs are the interactive jobs'; deadline jobs are judged by their deadline.
+        jobs = [j for j in self.jobs if j.deadline is None]
+        waits = [self.start[j.idx] - j.arrival for j in jobs]
+        result = measure(name, self.routing, jobs, waits, self.all_workers, self.timeline, end)
+        result.deadline_jobs = len(self.jobs) - len(jobs)
+        if result.deadline_jobs:
+            result.deadline_attainment = self.deadlines_met / result.deadline_jobs
+        return result

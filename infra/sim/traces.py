@@ -16,7 +16,7 @@ from tide_fleet.infra.sim.models import FleetModels, SimModel
 from tide_fleet.infra.traces import TraceError, read_job_trace
 from tide_fleet.infra.wire.protocol import bucket_for
 
-TRACES = ("diurnal", "mixed")
+TRACES = ("diurnal", "mixed", "batch-windows")
 
 # Built-in trace rates, sized for fleet.example.toml (docs/simulator.md).
 DIURNAL_TROUGH_PER_S = 0.35
@@ -26,18 +26,23 @@ MIXED_RATE_PER_S = 0.6
 MIXED_LONG_FRACTION = 0.2
 MIXED_BURSTS = 2
 BURST_FACTOR = 1.5
+# batch-windows: diurnal plus nightly batches, (submitted at, completion window, jobs) each
+BATCHES = ((1 * 3600.0, 24 * 3600.0, 2000), (2 * 3600.0, 6 * 3600.0, 1500))
 
 
 class Job:
     __slots__ = (
-        "arrival", "bucket", "idx", "max_tokens", "model", "output_tokens", "prompt_tokens", "work",
+        "arrival", "bucket", "deadline", "idx", "max_tokens", "model", "output_tokens",
+        "prompt_tokens", "work",
     )  # fmt: skip
 
     def __init__(
         self, idx: int, arrival: float, prompt_tokens: int, max_tokens: int,
         output_tokens: int, bucket: str, model: str | None = None,
+        deadline: float | None = None,
     ) -> None:  # fmt: skip
         self.idx, self.arrival, self.bucket = idx, arrival, bucket
+        self.deadline = deadline  # finish by (seconds from the start); None: interactive
         self.model = model  # its pools' model key (SimModel.key); None: the fleet's default
         self.prompt_tokens, self.max_tokens = prompt_tokens, max_tokens
         self.output_tokens = output_tokens  # what it really generates (<= max_tokens)
@@ -45,22 +50,25 @@ class Job:
 
 
 def make_jobs(
-    rows: Sequence[tuple[float, int, int, int]], models: Sequence[SimModel] | None = None
+    rows: Sequence[tuple[float, int, int, int]],
+    models: Sequence[SimModel] | None = None,
+    deadlines: Sequence[float | None] | None = None,
 ) -> list[Job]:
     """(arrival, prompt, max_tokens, output) rows -> jobs in arrival order, bucketed; with
     `models` (one per row), of those models with their thresholds, else of the fleet's
-    default model with the settings' thresholds."""
+    default model with the settings' thresholds; with `deadlines` (one per row), those."""
     s = get_settings()
     short_max, medium_max = s.bucket_short_max, s.bucket_medium_max
     order = sorted(range(len(rows)), key=lambda i: rows[i][0])
     jobs = []
     for n, i in enumerate(order):
         t, p, m, o = rows[i]
+        due = deadlines[i] if deadlines is not None else None
         if models is None:
-            jobs.append(Job(n, t, p, m, o, bucket_for(p + m, short_max, medium_max)))
+            jobs.append(Job(n, t, p, m, o, bucket_for(p + m, short_max, medium_max), None, due))
         else:
             model = models[i]
-            jobs.append(Job(n, t, p, m, o, model.bucket(p + m), model.key))
+            jobs.append(Job(n, t, p, m, o, model.bucket(p + m), model.key, due))
     return jobs
 
 
@@ -103,6 +111,8 @@ def builtin_trace(
     lengths are the same whatever the mix."""
     if name not in TRACES:
         raise ValueError(f"unknown trace {name!r}; built in: {', '.join(TRACES)} (or FILE.jsonl)")
+    if name == "batch-windows":
+        return _with_batches(seed, hours, mix, models)
     hours = hours if hours is not None else (24.0 if name == "diurnal" else 6.0)
     if not hours > 0:
         raise ValueError(f"--hours must be > 0, got {hours}")
@@ -152,6 +162,29 @@ def builtin_trace(
             raise ValueError("--models needs the fleet's models")
         return make_jobs(rows), span
     return make_jobs(rows, draw_models(models, mix, seed, n)), span
+
+
+def _with_batches(
+    seed: int, hours: float | None, mix: dict[str, float] | None, models: FleetModels | None
+) -> tuple[list[Job], float]:
+    """The diurnal trace's jobs (the same ones) plus BATCHES submitted within the span: long
+    documents (prompt median 12,000 tokens, output median 600) of the default model, each
+    due its batch's window after submission, drawn from a generator of their own."""
+    jobs, span = builtin_trace("diurnal", seed, hours, mix, models)
+    rows = [(j.arrival, j.prompt_tokens, j.max_tokens, j.output_tokens) for j in jobs]
+    due: list[float | None] = [None] * len(jobs)
+    rng = np.random.default_rng([seed, 2])
+    for submitted, window, n in BATCHES:
+        if submitted >= span:
+            continue
+        prompt = _lognormal(rng, n, 12000, 0.3, 9000, 30000)
+        out = _lognormal(rng, n, 600, 0.3, 100, 1500)
+        rows += [(submitted, int(p), int(o), int(o)) for p, o in zip(prompt, out, strict=True)]
+        due += [submitted + window] * n
+    if models is None:
+        return make_jobs(rows, None, due), span
+    of = [models.by_key[j.model] if j.model is not None else models.default for j in jobs]
+    return make_jobs(rows, of + [models.default] * (len(rows) - len(jobs)), due), span
 
 
 def draw_models(

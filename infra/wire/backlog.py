@@ -15,6 +15,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import redis
+
 from tide_fleet.infra.wire.protocol import BUCKETS, Keys, backlog_field
 
 
@@ -25,6 +27,7 @@ class BucketBacklog:
     oldest_age_s: float
     arrived_jobs: int  # monotonic counters: rates come from two readings
     arrived_tokens: int
+    expired_jobs: int = 0  # queued jobs that expired unstarted (a counter)
 
 
 def _pipeline_reads(pipe: Any, fields: list[str]) -> None:
@@ -34,13 +37,14 @@ def _pipeline_reads(pipe: Any, fields: list[str]) -> None:
     pipe.hgetall(Keys.backlog_tokens)
     pipe.hgetall(Keys.arrived_tokens)
     pipe.hgetall(Keys.arrived_jobs)
+    pipe.hgetall(Keys.expired_jobs)
 
 
 def _parse(raw: list[Any], now: float, fields: list[str]) -> dict[str, BucketBacklog]:
     def ints(h: dict[Any, Any]) -> dict[str, int]:
         return {(k.decode() if isinstance(k, bytes) else k): int(v) for k, v in h.items()}
 
-    tokens, arrived_tokens, arrived_jobs = (ints(h) for h in raw[-3:])
+    tokens, arrived_tokens, arrived_jobs, expired = (ints(h) for h in raw[-4:])
     out = {}
     for i, f in enumerate(fields):
         count, oldest = raw[2 * i], raw[2 * i + 1]
@@ -51,6 +55,7 @@ def _parse(raw: list[Any], now: float, fields: list[str]) -> dict[str, BucketBac
             oldest_age_s=age,
             arrived_jobs=arrived_jobs.get(f, 0),
             arrived_tokens=arrived_tokens.get(f, 0),
+            expired_jobs=expired.get(f, 0),
         )
     return out
 
@@ -95,3 +100,17 @@ async def read_backlog_async(
 ) -> dict[str, BucketBacklog]:
     """The same with redis.asyncio (the gateway)."""
     return (await read_lanes_async(r, [lane], now))[lane]
+
+
+def deadline_backlog(client: redis.Redis, field: str) -> list[tuple[float, int]]:
+    """The queued (not yet started) jobs with a deadline of one `backlog_field`, as
+    (deadline unix seconds, prompt + n x max tokens), earliest first: one ZRANGE of the
+    zset the job scripts keep beside the backlog (members '<job id>:<tokens>')."""
+    raw: list[tuple[Any, float]] = client.zrange(  # type: ignore[assignment]
+        Keys.deadline_backlog(field), 0, -1, withscores=True
+    )
+    out = []
+    for member, deadline in raw:
+        text = member.decode() if isinstance(member, bytes) else str(member)
+        out.append((float(deadline), int(text.rsplit(":", 1)[1])))
+    return out

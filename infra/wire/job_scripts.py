@@ -9,12 +9,18 @@ worker killed while only holding the job, or a poison job killing it in its firs
 
 from __future__ import annotations
 
+from tide_fleet.infra.wire.expiry_scripts import EXPIRE_DUE as EXPIRE_DUE_BODY
+from tide_fleet.infra.wire.expiry_scripts import EXPIRY_PRELUDE
+from tide_fleet.infra.wire.fair_scripts import FAIR_PRELUDE
+from tide_fleet.infra.wire.fair_scripts import RESTORE_STRANDED as RESTORE_STRANDED
+
 # Shared by the scripts below. Backlog accounting: a queued job is a member of the zset
 # tide:backlog:<field> (score: created_at) and its prompt + n × max tokens (n choices share
 # the prompt) are in the hash tide:backlog_tokens; the two change together, only when
 # membership changes. The field is the record's `backlog` (protocol.backlog_field: the
-# bucket for the default model, <lane>:<bucket> for another), else its bucket.
-PRELUDE = """
+# bucket for the default model, <lane>:<bucket> for another), else its bucket. A job with a
+# deadline is also in tide:deadline_backlog:<field> (member '<id>:<tokens>', score: deadline).
+BASE_PRELUDE = """
 local function backlog_field(jobkey)
   local f = redis.call('HMGET', jobkey, 'backlog', 'bucket')
   if f[1] and f[1] ~= '' then return f[1] end
@@ -23,11 +29,16 @@ end
 
 local function backlog(jobkey, job_id, add)
   local f = redis.call('HMGET', jobkey, 'bucket', 'prompt_tokens', 'max_tokens', 'created_at',
-                       'n')
+                       'n', 'deadline')
   if not f[1] then return end
   f[1] = backlog_field(jobkey)
   local z = 'tide:backlog:' .. f[1]
   local tokens = tonumber(f[2] or '0') + tonumber(f[3] or '0') * tonumber(f[5] or '1')
+  if f[6] and f[6] ~= '' then
+    local dz, member = 'tide:deadline_backlog:' .. f[1], job_id .. ':' .. tokens
+    if add then redis.call('ZADD', dz, tonumber(f[6]), member)
+    else redis.call('ZREM', dz, member) end
+  end
   if add then
     if redis.call('ZADD', z, 'NX', tonumber(f[4] or '0'), job_id) == 1 then
       redis.call('HINCRBY', 'tide:backlog_tokens', f[1], tokens)
@@ -65,6 +76,7 @@ local function done_event(eventskey, ttl, status)
   end
 end
 """
+PRELUDE = BASE_PRELUDE + FAIR_PRELUDE + EXPIRY_PRELUDE
 
 # The tenant's recent API jobs (KEYS[7], Keys.tenant_jobs), for the console's job list: a
 # zset by created_at, trimmed to the newest RECENT_JOBS_PER_TENANT once it is RECENT_JOBS_SLACK
@@ -88,7 +100,9 @@ end
 if tonumber(redis.call('GET', KEYS[3]) or '0') >= tonumber(ARGV[5]) then
   return {'tenant_full'}
 end
-if redis.call('LLEN', KEYS[4]) >= tonumber(ARGV[6]) then return {'queue_full'} end
+local waiting = redis.call('LLEN', KEYS[4]) + redis.call('ZCARD', KEYS[4] .. ':deadlines')
+  + tonumber(redis.call('GET', KEYS[4] .. ':waiting') or '0')
+if waiting >= tonumber(ARGV[6]) then return {'queue_full'} end
 redis.call('HSET', KEYS[1], unpack(ARGV, 8))
 redis.call('EXPIRE', KEYS[1], ARGV[4])
 if ARGV[1] ~= '' then redis.call('SET', KEYS[2], ARGV[2], 'EX', ARGV[4]) end
@@ -105,8 +119,7 @@ local tokens = backlog(KEYS[1], ARGV[2], true)
 local bucket = backlog_field(KEYS[1])
 redis.call('HINCRBY', 'tide:arrived_tokens', bucket, tokens)
 redis.call('HINCRBY', 'tide:arrived_jobs', bucket, 1)
-redis.call('LPUSH', KEYS[4], ARGV[7])
-redis.call('PUBLISH', KEYS[6], KEYS[4])
+push_message(KEYS[1], ARGV[2], false)
 return {'created', ARGV[2]}
 """.replace("RECENT_CAP", str(RECENT_JOBS_PER_TENANT)).replace(
         "RECENT_SLACK", str(RECENT_JOBS_SLACK)
@@ -114,13 +127,19 @@ return {'created', ARGV[2]}
 )
 
 # Taking the lease charges nothing: the worker may only hold the job (prefetched, waiting
-# for the engine to schedule it). MARK_STARTED charges the attempt.
+# for the engine to schedule it). MARK_STARTED charges the attempt. A job past its expiry
+# (deadline or ttl) is never started: it ends as expired here. ARGV[6]: events TTL.
 ACQUIRE = (
     PRELUDE
     + """
 local st = redis.call('HGET', KEYS[1], 'status')
 if not st then return {'missing'} end
 if st ~= 'queued' then return {st} end
+local exp = redis.call('HGET', KEYS[1], 'expire_at')
+if exp and exp ~= '' and tonumber(exp) <= tonumber(ARGV[3]) then
+  expire_job(KEYS[1], ARGV[5], ARGV[3], ARGV[6] or '0')
+  return {'expired'}
+end
 redis.call('HSET', KEYS[1], 'status', 'in_progress', 'lease_token', ARGV[2],
            'lease_owner', ARGV[1], 'started_at', ARGV[3])
 redis.call('ZADD', KEYS[2], ARGV[4], ARGV[5])
@@ -149,6 +168,15 @@ return redis.call('HGET', KEYS[1], 'cancel_requested') or '0'
 UPDATE_IF_HOLDER = """
 if redis.call('HGET', KEYS[1], 'lease_token') ~= ARGV[1] then return 0 end
 redis.call('HSET', KEYS[1], unpack(ARGV, 2))
+return 1
+"""
+
+# A token delta on the job's event stream, from its lease holder only: a stale holder's
+# output never lands in front of the tokens its successor resumes from. ARGV: lease token,
+# then the event's field/value pairs.
+DELTA = """
+if redis.call('HGET', KEYS[1], 'lease_token') ~= ARGV[1] then return 0 end
+redis.call('XADD', KEYS[2], '*', unpack(ARGV, 2))
 return 1
 """
 
@@ -183,9 +211,7 @@ redis.call('HSET', KEYS[1], 'status', 'queued')
 redis.call('HDEL', KEYS[1], 'lease_token', 'lease_owner', 'started_lease')
 redis.call('ZREM', KEYS[2], ARGV[2])
 backlog(KEYS[1], ARGV[2], true)
-local fields = redis.call('HMGET', KEYS[1], 'queue', 'message')
-redis.call('RPUSH', fields[1], fields[2])
-redis.call('PUBLISH', 'tide:wakeup', fields[1])
+push_message(KEYS[1], ARGV[2], true)
 return 1
 """
 )
@@ -200,6 +226,7 @@ if st == 'queued' then
              'finish_reason', 'abort')
   redis.call('DECR', KEYS[2])
   backlog(KEYS[1], ARGV[2], false)
+  drop_deadline_message(KEYS[1])
   batch_terminal(KEYS[1], 'cancelled')
   return 'cancelled'
 end
@@ -245,18 +272,10 @@ if (started and attempts >= tonumber(ARGV[3])) or unstarted >= tonumber(ARGV[4])
 end
 redis.call('HSET', KEYS[1], 'status', 'queued')
 backlog(KEYS[1], ARGV[1], true)
-local fields = redis.call('HMGET', KEYS[1], 'queue', 'message')
-redis.call('RPUSH', fields[1], fields[2])
-redis.call('PUBLISH', 'tide:wakeup', fields[1])
+push_message(KEYS[1], ARGV[1], true)
 return 'requeued'
 """
 )
 
-RESTORE_STRANDED = """
-if redis.call('HGET', KEYS[3], 'status') ~= 'queued' then return 0 end
-if redis.call('HDEL', KEYS[1], ARGV[1]) == 0 then return 0 end
-redis.call('ZREM', KEYS[2], ARGV[1])
-redis.call('RPUSH', KEYS[4], ARGV[2])
-redis.call('PUBLISH', 'tide:wakeup', KEYS[4])
-return 1
-"""
+# A queued job past its expiry ends as expired (the reaper's pass; see expiry_scripts.py).
+EXPIRE_DUE = PRELUDE + EXPIRE_DUE_BODY

@@ -96,11 +96,13 @@ class JobStore:
         self._mark_started = client.register_script(lua.MARK_STARTED)
         self._refresh = client.register_script(lua.REFRESH)
         self._update = client.register_script(lua.UPDATE_IF_HOLDER)
+        self._delta = client.register_script(lua.DELTA)
         self._finish = client.register_script(lua.FINISH)
         self._requeue = client.register_script(lua.REQUEUE)
         self._cancel = client.register_script(lua.CANCEL)
         self._reap = client.register_script(lua.REAP)
         self._restore = client.register_script(lua.RESTORE_STRANDED)
+        self._expire = client.register_script(lua.EXPIRE_DUE)
 
     def create(self, job: NewJob) -> dict[str, str]:
         keys, args = job.script_call()
@@ -113,10 +115,11 @@ class JobStore:
         return decode_hash(raw)
 
     def acquire(
-        self, job_id: str, worker_id: str, lease_seconds: float
+        self, job_id: str, worker_id: str, lease_seconds: float, events_ttl: int = 0
     ) -> tuple[str, str, dict[str, str]]:
         """Take a queued job in one round trip: ('acquired', lease token, its record),
-        or (its status, '', {}) when it is not queued (cancelled, a duplicate message).
+        or (its status, '', {}) when it is not queued (cancelled, a duplicate message), or
+        ('expired', '', {}) when its deadline or ttl passed (it ends so, never started).
         Holding a job charges no attempt; ``mark_started`` does."""
         token = uuid.uuid4().hex
         now = time.time()
@@ -124,7 +127,7 @@ class JobStore:
             v.decode() if isinstance(v, bytes) else v
             for v in self._acquire(
                 keys=[Keys.job(job_id), Keys.leases],
-                args=[worker_id, token, now, now + lease_seconds, job_id],
+                args=[worker_id, token, now, now + lease_seconds, job_id, events_ttl],
             )
         ]
         if res[0] != "acquired":
@@ -163,6 +166,15 @@ class JobStore:
         if client is not None:
             return self._update(keys=[Keys.job(job_id)], args=args, client=client)
         return bool(self._update(keys=[Keys.job(job_id)], args=args))
+
+    def add_delta(self, job_id: str, token: str, event: dict[str, Any], client: Any) -> Any:
+        """Append a delta event to the job's stream if token still holds the lease; queued
+        on `client` (a pipeline: 1 or 0 from its execute())."""
+        args = [token]
+        for k, v in event.items():
+            args += [k, encode_value(v)]
+        keys = [Keys.job(job_id), Keys.events(job_id)]
+        return self._delta(keys=keys, args=args, client=client)
 
     def finish(
         self,
@@ -242,6 +254,17 @@ class JobStore:
             out[job_id] = res.decode() if isinstance(res, bytes) else res
         return out
 
+    def expire_due(self, now: float | None = None, events_ttl: int = 0) -> list[str]:
+        """End queued jobs whose deadline or ttl passed as expired (never started, charged
+        nothing; their webhook scheduled); the ids expired."""
+        now = time.time() if now is None else now
+        expired = []
+        for raw in self.r.zrangebyscore(Keys.expiries, "-inf", now):
+            job_id = raw.decode()
+            if self._expire(keys=[Keys.job(job_id), Keys.expiries], args=[job_id, now, events_ttl]):
+                expired.append(job_id)
+        return expired
+
     def prune_backlog(self, job_ttl: float, now: float | None = None) -> list[str]:
         """Drop backlog entries of queued jobs whose record expired (job_ttl) before any
         worker took them (a bucket nobody serves), so a pool can still scale to zero."""
@@ -254,9 +277,15 @@ class JobStore:
                 job_id = raw.decode()
                 if not self.r.exists(Keys.job(job_id)) and self.r.zrem(key, job_id):
                     dropped.append(job_id)
+                    self._prune_deadline(b, job_id)
             if dropped and self.r.zcard(key) == 0:
                 self.r.hset(Keys.backlog_tokens, b, 0)  # its tokens went with the records
         return dropped
+
+    def _prune_deadline(self, field: str, job_id: str) -> None:
+        key = Keys.deadline_backlog(field)
+        for raw in self.r.zscan_iter(key, match=f"{job_id}:*"):
+            self.r.zrem(key, raw[0])
 
     def restore_stranded(self, older_than: float, now: float | None = None) -> list[str]:
         """Put back messages a worker took but never started (it died, or Redis restarted
@@ -273,7 +302,8 @@ class JobStore:
                 continue  # a Celery task, not a job
             body = json.loads(base64.b64decode(envelope["body"]))
             job_id = body.get("job_id", "")
-            keys = [UNACKED, UNACKED_INDEX, Keys.job(job_id), routing_key]
+            keys = [UNACKED, UNACKED_INDEX, Keys.job(job_id), routing_key,
+                    Keys.deadline_queue(routing_key)]  # fmt: skip
             if self._restore(keys=keys, args=[tag, json.dumps(envelope)]):
                 restored.append(job_id)
         return restored

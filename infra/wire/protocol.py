@@ -87,6 +87,12 @@ class Keys:
     """The Redis key schema, in one place."""
 
     webhooks_due = "tide:webhooks:due"  # zset webhook-id -> next due time (unix seconds)
+    # Counter: tokens the fleet's engines generated and wrote, every attempt included
+    # (against the jobs' completion tokens: the work a lost worker cost).
+    generated_tokens = "tide:generated_tokens"
+    # Counter: tokens a resumed attempt took over from earlier ones instead of generating
+    # them again (what restarting from the prompt would have cost on top).
+    resumed_tokens = "tide:resumed_tokens"
 
     @staticmethod
     def webhook(msg_id: str) -> str:
@@ -104,6 +110,7 @@ class Keys:
 
     @staticmethod
     def events(job_id: str) -> str:
+        """Stream: delta events {type, text, n, i, t (token ids), lp}, then one done."""
         return f"tide:events:{job_id}"
 
     @staticmethod
@@ -161,8 +168,39 @@ class Keys:
         the default model, or <lane>:<bucket>); see infra/wire/backlog.py."""
         return f"tide:backlog:{field}"
 
+    @staticmethod
+    def deadline_backlog(field: str) -> str:
+        """Zset of one `backlog_field`'s queued jobs that have a deadline: member
+        '<job id>:<prompt + n x max tokens>', score the deadline; read by
+        infra/wire/backlog.py `deadline_backlog`."""
+        return f"tide:deadline_backlog:{field}"
+
+    @staticmethod
+    def deadline_queue(queue: str) -> str:
+        """Zset beside a job queue (a kombu list) holding the messages of its jobs that have
+        a deadline, scored by it: taken before the list, earliest first."""
+        return f"{queue}:deadlines"
+
+    # A job queue's tenant-fair parts (infra/wire/fair_scripts.py; its Lua builds the same
+    # names): one list per tenant, the waiting tenants scored by weighted tokens taken, and
+    # a count of the messages in those lists.
+    @staticmethod
+    def tenant_queue(queue: str, tenant: str) -> str:
+        return f"{queue}:t:{tenant}"
+
+    @staticmethod
+    def queue_tenants(queue: str) -> str:
+        return f"{queue}:tenants"
+
+    @staticmethod
+    def queue_waiting(queue: str) -> str:
+        return f"{queue}:waiting"
+
+    # Zset job_id -> when a queued job expires (its deadline, or created_at + ttl).
+    expiries = "tide:expiries"
     # Hashes keyed by backlog_field: prompt + max tokens of queued jobs; tokens and jobs
-    # ever enqueued (counters).
+    # ever enqueued, jobs expired unstarted (counters).
+    expired_jobs = "tide:expired_jobs"
     backlog_tokens = "tide:backlog_tokens"
     arrived_tokens = "tide:arrived_tokens"
     arrived_jobs = "tide:arrived_jobs"

@@ -15,6 +15,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from tide_fleet.infra.wire.fair_scripts import FAIR_PRELUDE, GIVE_BACK
 from tide_fleet.infra.wire.protocol import JobMessage, Keys
 
 # kombu's Redis transport defaults: taken, unacknowledged messages (tag -> message) and
@@ -29,7 +30,7 @@ def encode(message: JobMessage, queue: str) -> str:
         "body": base64.b64encode(body).decode(),
         "content-encoding": "utf-8",
         "content-type": "application/json",
-        "headers": {},
+        "headers": {"job_id": message.job_id},  # read by the take script (its tenant)
         "properties": {
             "body_encoding": "base64",
             "delivery_tag": str(uuid.uuid4()),
@@ -41,26 +42,58 @@ def encode(message: JobMessage, queue: str) -> str:
     return json.dumps(envelope)
 
 
-# Take up to ARGV[1] messages from the queues in KEYS[3..] (in that order), as kombu's Redis
-# channel does for one (RPOP, then the message into its unacked hash and index, so an
-# unacknowledged message can be restored), but many in one round trip and without kombu's
-# per-call overhead. The hash holds kombu's own format: [envelope, exchange, routing key].
-_TAKE = """
+# Take up to ARGV[1] messages from the queues in KEYS[3..] (pairs: a kombu list, then its
+# deadline zset, in consume order). From each queue: its deadline zset first, earliest
+# deadline first (ZPOPMIN); then its tenants' lists, the tenant with the least weighted
+# service first (infra/wire/fair_scripts.py); then the plain list (messages pushed there
+# directly), RPOP end first. Each message goes into kombu's unacked hash and index so an
+# unacknowledged one can be restored; many in one round trip, without kombu's per-call
+# overhead. The hash holds kombu's own format: [envelope, exchange, routing key]. A queued
+# job's tenant is charged its cost. Returns (queue, message, deadline or '', tenant or '',
+# charge) quintuples.
+_TAKE = (
+    FAIR_PRELUDE
+    + """
 local out = {}
 local limit = tonumber(ARGV[1])
-for i = 3, #KEYS do
-  while #out < 2 * limit do
+local function take(queue, m, deadline, tenant)
+  local env = cjson.decode(m)
+  local tag = env['properties']['delivery_tag']
+  local job_id = type(env['headers']) == 'table' and env['headers']['job_id']
+  local charged = 0
+  if job_id and (tenant ~= '' or deadline ~= '') then  -- the plain list charges no one
+    local owner, cost = fair_cost('tide:job:' .. job_id)
+    if owner and (tenant == '' or owner == tenant) then
+      tenant = owner
+      charged = fair_charge(queue, owner, cost)
+    end
+  end
+  redis.call('HSET', KEYS[1], tag, '[' .. m .. ', "", "' .. queue .. '"]')
+  redis.call('ZADD', KEYS[2], ARGV[2], tag)
+  for _, v in ipairs({queue, m, deadline, tenant, tostring(charged)}) do
+    table.insert(out, v)
+  end
+end
+for i = 3, #KEYS, 2 do
+  while #out < 5 * limit do
+    local z = redis.call('ZPOPMIN', KEYS[i + 1])
+    if #z == 0 then break end
+    take(KEYS[i], z[1], z[2], '')
+  end
+  while #out < 5 * limit do
+    local m, tenant = fair_pop(KEYS[i])
+    if not m then break end
+    take(KEYS[i], m, '', tenant)
+  end
+  while #out < 5 * limit do
     local m = redis.call('RPOP', KEYS[i])
     if not m then break end
-    local tag = cjson.decode(m)['properties']['delivery_tag']
-    redis.call('HSET', KEYS[1], tag, '[' .. m .. ', "", "' .. KEYS[i] .. '"]')
-    redis.call('ZADD', KEYS[2], ARGV[2], tag)
-    table.insert(out, KEYS[i])
-    table.insert(out, m)
+    take(KEYS[i], m, '', '')
   end
 end
 return out
 """
+)
 
 
 @dataclass
@@ -70,6 +103,9 @@ class Delivery:
     queue: str
     tag: str
     envelope: str
+    deadline: float | None = None  # taken from the queue's deadline zset
+    tenant: str = ""  # whose list (or, for a deadline job, whose counter) it came from
+    charged: str = "0"  # what the take charged the tenant's counter (given back with it)
 
     def job(self) -> JobMessage:
         body = json.loads(self.envelope)["body"]
@@ -82,13 +118,19 @@ class Taker:
     def __init__(self, client: Any) -> None:
         self.r = client
         self._take = client.register_script(_TAKE)
+        self._give_back = client.register_script(GIVE_BACK)
 
     def take(self, queue_names: list[str], limit: int) -> list[Delivery]:
-        raw = self._take(keys=[UNACKED, UNACKED_INDEX, *queue_names], args=[limit, time.time()])
+        keys = [UNACKED, UNACKED_INDEX]
+        for q in queue_names:
+            keys += [q, Keys.deadline_queue(q)]
+        raw = self._take(keys=keys, args=[limit, time.time()])
         out = []
-        for q, m in zip(raw[::2], raw[1::2], strict=True):
-            q, m = (x.decode() if isinstance(x, bytes) else x for x in (q, m))
-            out.append(Delivery(q, json.loads(m)["properties"]["delivery_tag"], m))
+        fields = [x.decode() if isinstance(x, bytes) else x for x in raw]
+        for i in range(0, len(fields), 5):
+            q, m, d, tenant, charged = fields[i : i + 5]
+            tag = json.loads(m)["properties"]["delivery_tag"]
+            out.append(Delivery(q, tag, m, float(d) if d else None, tenant, charged))
         return out
 
     @staticmethod
@@ -103,12 +145,34 @@ class Taker:
         pipe.execute()
 
     def give_back(self, deliveries: list[Delivery]) -> None:
-        """Untaken: back to the front of their queues, in their original order."""
+        """Untaken: back to the front of their queues, in their original order (a deadline
+        job's to its queue's deadline zset, a tenant's to its list, its charge refunded)."""
         if not deliveries:
             return
-        pipe = self.r.pipeline(transaction=False)
+        args: list[str] = []
         for d in reversed(deliveries):
-            pipe.rpush(d.queue, d.envelope)
-            self.ack(d, pipe)
-            pipe.publish(Keys.wakeup, d.queue)
-        pipe.execute()
+            deadline = repr(d.deadline) if d.deadline is not None else ""
+            args += [d.queue, d.envelope, deadline, d.tenant, d.charged, d.tag]
+        self._give_back(keys=[UNACKED, UNACKED_INDEX], args=args)
+
+
+def read_depth(pipe: Any, queue: str) -> None:
+    """Queue on `pipe` the reads of a queue's depth (DEPTH_READS results, see `depth_of`):
+    its plain list, its deadline zset, its tenants' lists."""
+    pipe.llen(queue)
+    pipe.zcard(Keys.deadline_queue(queue))
+    pipe.get(Keys.queue_waiting(queue))
+
+
+DEPTH_READS = 3
+
+
+def depth_of(values: list[Any]) -> int:
+    return sum(int(v or 0) for v in values)
+
+
+def depth(client: Any, queue: str) -> int:
+    """Messages waiting in one job queue (cancelled jobs' included, skipped at pickup)."""
+    pipe = client.pipeline(transaction=False)
+    read_depth(pipe, queue)
+    return depth_of(pipe.execute())

@@ -10,6 +10,7 @@ from fastapi.testclient import TestClient
 
 from tide_fleet.gateway.app import create_app
 from tide_fleet.infra.settings import Settings
+from tide_fleet.infra.wire import queues
 from tide_fleet.infra.wire.protocol import Keys
 
 KEYS = {"key-a": "tenant-a", "key-b": "tenant-b"}
@@ -36,7 +37,7 @@ def client(redis_server, redis_client, tiny_path):
 
 
 def queued_messages(r) -> int:
-    return sum(r.llen(k) for k in r.keys("tide.*"))
+    return sum(r.llen(k) for k in r.keys("tide.*") if r.type(k) == b"list")
 
 
 def test_submit_and_get(client, redis_client):
@@ -47,7 +48,7 @@ def test_submit_and_get(client, redis_client):
     got = client.get(f"/v1/jobs/{job['id']}", headers=A).json()
     assert got["usage"]["prompt_tokens"] == 17  # <s> + 16 bytes: the workers' own tokenizer
     assert got["priority"] == "interactive" and got["attempts"] == 0
-    assert redis_client.llen("tide.short.interactive") == 1
+    assert queues.depth(redis_client, "tide.short.interactive") == 1
 
 
 @pytest.mark.parametrize(
@@ -97,7 +98,7 @@ def test_idempotency_key_returns_the_same_job_per_tenant(client, redis_client):
     again = client.post("/v1/jobs", json=body, headers={**A, "Idempotency-Key": "k1"}).json()
     other = client.post("/v1/jobs", json=body, headers={**B, "Idempotency-Key": "k1"}).json()
     assert first["id"] == again["id"] != other["id"]
-    assert redis_client.llen("tide.short.interactive") == 2
+    assert queues.depth(redis_client, "tide.short.interactive") == 2
 
 
 def test_auth_and_tenant_isolation(client):

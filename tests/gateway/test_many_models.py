@@ -11,7 +11,8 @@ import pytest
 import redis
 
 from tests.gateway.live import live_fleet
-from tide_fleet.infra.wire.protocol import queue_name
+from tide_fleet.infra.wire import queues
+from tide_fleet.infra.wire.protocol import parse_queue, queue_name
 
 AUTH = {"Authorization": "Bearer key-a"}
 
@@ -26,7 +27,8 @@ def two(redis_server, tiny_path, stories_path):  # type: ignore[no-untyped-def]
 
 
 def _queued(r: redis.Redis) -> dict[str, int]:
-    return {k.decode(): r.llen(k) for k in r.keys("tide.*") if r.type(k) == b"list"}
+    names = {k.decode().split(":")[0] for k in r.keys("tide.*")}
+    return {n: d for n in names if parse_queue(n) and (d := queues.depth(r, n))}
 
 
 def test_the_model_field_picks_queues_and_tokenizer(two, redis_client) -> None:  # type: ignore[no-untyped-def]

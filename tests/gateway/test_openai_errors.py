@@ -25,7 +25,7 @@ pytestmark = pytest.mark.timeout(60)
         (JobStatus.FAILED, "lease expired after 3 attempts", openai.InternalServerError,
          "job_failed", 500),
         (JobStatus.CANCELLED, "", openai.ConflictError, "job_cancelled", 409),
-        (JobStatus.EXPIRED, "", openai.InternalServerError, "no_worker", 503),
+        (JobStatus.EXPIRED, "", openai.InternalServerError, "expired", 504),
     ],
 )  # fmt: skip
 def test_unfinished_jobs_map_to_their_status(oai, fleet, tiny_path, status, error, exc, code, http):

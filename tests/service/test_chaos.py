@@ -2,9 +2,10 @@
 killed with -9, Redis is killed and restarted, and the gateway and Celery are killed.
 
 Every accepted job ends completed exactly once and equal to its greedy output run alone,
-every webhook arrives under one webhook-id, no worker exits on a Redis outage, and after
-the run the pool drains to zero and stays there. The figures are printed as one JSON line
-(`pytest -s tests/service/test_chaos.py`) for the docs."""
+every webhook arrives under one webhook-id, a job taken again resumes from the tokens its
+lost worker wrote (tokens generated / delivered is reported), no worker exits on a Redis
+outage, and after the run the pool drains to zero and stays there. The figures are printed
+as one JSON line (`pytest -s tests/service/test_chaos.py`) for the docs."""
 
 from __future__ import annotations
 
@@ -216,6 +217,14 @@ def test_chaos_loses_nothing_duplicates_nothing_and_settles_at_zero(tmp_path, fl
                 "a worker started on an idle queue"
             )
             time.sleep(0.5)
+        # Work: tokens the engines generated and wrote, every attempt included, against the
+        # tokens delivered (a job taken again resumes from what its lost worker wrote).
+        pipe = r.pipeline(transaction=False)
+        for j in accepted:
+            pipe.hget(f"tide:job:{j}", "completion_tokens")
+        delivered_tokens = sum(int(v or 0) for v in pipe.execute())
+        generated = int(r.get("tide:generated_tokens") or 0)
+        resumed = int(r.get("tide:resumed_tokens") or 0)  # restarting would compute these again
         out = (tmp_path / "up.log").read_text()
         launches = len(re.findall(r"started worker", out))
         # Only the workers killed here died: the others exited when the controller drained
@@ -229,9 +238,17 @@ def test_chaos_loses_nothing_duplicates_nothing_and_settles_at_zero(tmp_path, fl
             "workers_that_rode_out_an_outage": rode_out, "worker_deaths": unexpected,
             "lost": len(bad), "completed_twice": twice, "webhook_redeliveries_same_id": duplicates,
             "submit_retries": submitter.retries, "worker_launches": launches,
+            "tokens_generated": generated, "tokens_delivered": delivered_tokens,
+            "generated_per_delivered": round(generated / max(1, delivered_tokens), 3),
+            "tokens_resumed": resumed,
+            "restart_from_prompt_per_delivered": round(
+                (generated + resumed) / max(1, delivered_tokens), 3
+            ),
             "run_s": round(done_at - started, 1), "back_to_zero_s": round(zero_at - done_at, 1),
         }  # fmt: skip
         print("CHAOS " + json.dumps(figures))
+        # A job taken again resumes from what its lost worker wrote: nothing is made twice.
+        assert generated <= 1.05 * delivered_tokens, figures
     finally:
         up.send_signal(signal.SIGINT)
         try:

@@ -255,6 +255,7 @@ def test_a_failed_batch_goes_back_before_what_was_recorded_since():
     held.pop("b")  # its lease was lost meanwhile: nothing of it is written
     pending.forget("b")
     pending.restore(batch, held)  # the flush failed
-    assert [(j, e["text"]) for j, e in pending.deltas] == [("a", "x"), ("a", "z")]
+    assert [(j.job_id, e["text"]) for j, e in pending.deltas] == [("a", "x"), ("a", "z")]
+    assert pending.generated == 4  # every token computed counts, b's dropped ones too
     assert pending.first_tokens == [a] and pending.started == []
     assert [(job, fields["text"]) for job, _, fields in pending.finished] == [(a, "xz")]

@@ -175,6 +175,14 @@ class GrammarMatchers:
         where = {rid: row for row, rid in enumerate(sampled_ids)}
         return GrammarMasks([where[rid] for rid in pending.request_ids], pending.bits)
 
+    def advance(self, request_id: str, token_ids: list[int]) -> bool:
+        """Advance a new matcher over output tokens already known (a resumed request); True
+        when the grammar is then complete. ValueError if it refuses one."""
+        done = False
+        for token in token_ids:
+            done = self.accept(request_id, token)
+        return done
+
     def accept(self, request_id: str, token_id: int) -> bool:
         """Advance the request's matcher by a sampled token; True when the grammar is then
         complete (satisfied, and admits nothing more). ValueError if it refuses the token

@@ -116,25 +116,49 @@ class LLMEngine:
         params: SamplingParams,
         priority: Priority = Priority.INTERACTIVE,
         group: str | None = None,
+        output_token_ids: list[int] | None = None,
     ) -> None:
         """``group``: the job this request is part of (a job's choices, the prompts of one
-        request); the scheduler shares steps fairly between groups. None: its own group."""
+        request); the scheduler shares steps fairly between groups. None: its own group.
+        ``output_token_ids``: its first generated tokens, already known (a resumed job,
+        ``tide_fleet.worker.resume``): prefilled after the prompt but counted as output, so
+        max_tokens, min_tokens, penalties, seeded draws, stop strings and the grammar go on
+        from them; the outputs carry only the tokens generated here (``token_ids`` and
+        ``text`` at the end cover all of them). A request they already end finishes with the
+        next step."""
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in the engine")
         if self.text.is_deferred(request_id):  # ended, its last text not made yet
             self._pending.extend(self._drain())
         self.validate(len(prompt_token_ids), params)
-        check_prompt_ids(prompt_token_ids, self.model.config.vocab_size)
+        kept = list(output_token_ids or [])
+        check_prompt_ids([*prompt_token_ids, *kept], self.model.config.vocab_size)
+        grammar_done = False
         if params.structured is not None:
             assert self.grammar is not None
             self.grammar.add(request_id, params.structured)  # ValueError for a bad grammar
+            try:
+                grammar_done = self.grammar.advance(request_id, kept)
+            except ValueError:
+                self.grammar.remove(request_id)
+                raise
         request = Request(
             request_id, prompt_token_ids, params, priority, next(self._arrivals), group
         )
         request.stop_token_ids = stop_token_ids(params, self.eos_token_ids)
+        for token in kept:
+            request.append_token(token)
         self.requests[request_id] = request
-        self.text.add(request)
+        text_stop = self.text.add(request)
         self.scheduler.add(request)
+        if kept and (reason := self._resumed_end(request, text_stop or grammar_done)):
+            self._finish(request, reason).delta_text = ""  # the last kept token's delta had it
+
+    def _resumed_end(self, request: Request, stopped: bool) -> str | None:
+        """How a request's known output tokens already end it (None: they do not)."""
+        if stopped or request.output_token_ids[-1] in request.stop_token_ids:
+            return "stop"
+        return "length" if request.num_output_tokens >= request.params.max_tokens else None
 
     def abort(self, request_id: str) -> bool:
         """Stop a request now and free its blocks; its final output comes with the next step."""

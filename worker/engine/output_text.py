@@ -40,12 +40,19 @@ class TextOutputs:
         self._detoks: dict[str, IncrementalDetokenizer] = {}
         self._deferred: list[_Sampled] = []
 
-    def add(self, request: Request) -> None:
-        if self._decode is not None:
-            p = request.params
-            self._detoks[request.request_id] = IncrementalDetokenizer(
-                self._decode, request.prompt_token_ids, p.stop, p.min_tokens
-            )
+    def add(self, request: Request) -> bool:
+        """Start the request's text; its output tokens so far (a resumed request) count as
+        text already handed out. True when they reached a stop string."""
+        if self._decode is None:
+            return False
+        p = request.params
+        detok = IncrementalDetokenizer(self._decode, request.prompt_token_ids, p.stop, p.min_tokens)
+        self._detoks[request.request_id] = detok
+        kept = request.output_token_ids
+        for token in kept[:-1] if kept and kept[-1] in request.stop_token_ids else kept:
+            detok.add_token(token)  # a stop token adds no text
+        detok.take_delta(final=False)
+        return detok.stopped
 
     def deferrable(self, request: Request) -> bool:
         return self.defer and not request.params.stop

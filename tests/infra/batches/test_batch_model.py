@@ -40,7 +40,13 @@ def _check(world, text: str):  # type: ignore[no-untyped-def]
 
 def _queued(world) -> dict[str, int]:  # type: ignore[no-untyped-def]
     r = world.h.client
-    return {k.decode(): r.llen(k) for k in r.keys("tide.*") if r.type(k) == b"list"}
+    # A batch's jobs have a deadline (its window's end): their messages are in the queue's
+    # deadline zset.
+    return {
+        k.decode().removesuffix(":deadlines"): r.zcard(k)
+        for k in r.keys("tide.*:deadlines")
+        if r.type(k) == b"zset"
+    }
 
 
 def test_lines_naming_different_models_fail_the_file_naming_them(two):

@@ -96,3 +96,19 @@ def test_output_lines_stream_in_chunks_and_mark_lost_lines(world):
     assert len(rows) == total and rows[-1]["id"] == f"batch_req_b_{total - 1}"
     assert rows[0]["response"]["status_code"] == 500 and rows[0]["error"]["message"] == "line lost"
     assert list(output_lines(batch, world.h.batches, "m", want_errors=False)) == []
+
+
+def test_a_line_whose_job_expired_is_a_batch_expired_error_line(world):
+    batch_id = world.new_batch("\n".join(line(f"r{i}", OK) for i in range(2)))
+    validate_batch(batch_id)
+    first, second = world.job_ids(batch_id)
+    batch = world.h.batches.get(batch_id)
+    record = world.h.jobs.get(second)
+    assert float(record["deadline"]) == float(batch["expires_at"])  # the window's end
+    world.finish(first)
+    assert world.h.jobs.expire_due(now=float(batch["expires_at"]) + 1) == [second]
+    _finalizing(world, batch_id, failed=1)
+    assert finalize_batch(batch_id) == "completed"
+    [error] = _content(world, world.h.batches.get(batch_id)["error_file_id"])
+    assert error["custom_id"] == "r1" and error["response"] is None
+    assert error["error"]["code"] == "batch_expired"

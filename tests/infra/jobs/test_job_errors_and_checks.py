@@ -14,7 +14,7 @@ from tide_fleet.infra.jobs.request_checks import check_structured
     ("record", "status", "code", "retry"),
     [
         ({"status": "cancelled"}, 409, "job_cancelled", False),
-        ({"status": "expired"}, 503, "no_worker", True),
+        ({"status": "expired"}, 504, "expired", False),
         (None, 503, "no_worker", True),
         ({"status": "failed", "error": "rejected by the worker: top_k"}, 400, "job_rejected",
          False),

@@ -28,7 +28,8 @@ def test_only_the_current_lease_holder_completes(redis_client):
     assert record["status"] == "in_progress" and record["lease_owner"] == "w1"
     assert store.mark_started("job_x", stale)
     assert store.reap(max_attempts=3, now=time.time() + 10) == {"job_x": "requeued"}
-    assert redis_client.lrange("tide.short.interactive", 0, -1).count(b"msg") == 2  # re-queued
+    listed = redis_client.lrange(Keys.tenant_queue("tide.short.interactive", "t"), 0, -1)
+    assert listed.count(b"msg") == 2  # re-queued
     status, fresh, _ = store.acquire("job_x", "w2", lease_seconds=5)
     assert status == "acquired" and fresh != stale
     assert not store.finish("job_x", stale, "t", JobStatus.COMPLETED, text="late")
@@ -84,10 +85,10 @@ def test_a_message_taken_but_never_started_goes_back(redis_client):
     # A worker takes it and dies (no clean close, which would hand it back itself).
     (taken,) = Taker(redis_client).take([q], 4)
     assert taken.job().job_id == "job_s"
-    assert redis_client.llen(q) == 0 and redis_client.hlen("unacked") == 1
+    assert queues.depth(redis_client, q) == 0 and redis_client.hlen("unacked") == 1
     assert store.restore_stranded(older_than=10) == []  # too recent
     assert store.restore_stranded(older_than=10, now=time.time() + 11) == ["job_s"]
-    assert redis_client.llen(q) == 1 and redis_client.hlen("unacked") == 0
+    assert queues.depth(redis_client, q) == 1 and redis_client.hlen("unacked") == 0
     status, _, _ = store.acquire("job_s", "w1", 5)
     assert status == "acquired"
     Taker(redis_client).take([q], 1)  # a started job's copy stays where it is
@@ -99,8 +100,10 @@ def test_taker_is_kombu_compatible_and_gives_back_in_order(redis_client, redis_s
 
     store = JobStore(redis_client)
     q = "tide.short.interactive"
-    for i in range(4):
+    for i in (0, 1, 3):
         _queued_with_message(store, f"job_{i}", q)
+    # A message on the plain list (as kombu publishes it) is taken after the tenants' lists.
+    redis_client.lpush(q, queues.encode(JobMessage("job_2", "short", "interactive", 3, 3), q))
     taker = Taker(redis_client)
     first, second = taker.take([q], 2)  # FIFO, as kombu consumes
     assert [first.job().job_id, second.job().job_id] == ["job_0", "job_1"]

@@ -11,6 +11,7 @@ import redis
 from tide_fleet.infra.jobs.schemas import JobCreate
 from tide_fleet.infra.jobs.submission import ModelInfo, build_job
 from tide_fleet.infra.settings import Settings
+from tide_fleet.infra.wire import queues
 from tide_fleet.infra.wire.backlog import read_backlog, read_lanes
 from tide_fleet.infra.wire.jobstore import JobStore
 from tide_fleet.infra.wire.models import catalog, served
@@ -68,7 +69,7 @@ def test_backlog_is_kept_per_model(redis_client: redis.Redis, tiny_path: Path) -
     lanes = read_lanes(redis_client, ["", "b"])
     assert lanes["b"]["short"].jobs == 1 and lanes[""]["short"].jobs == 1
     assert lanes["b"]["short"].arrived_jobs == 1
-    assert redis_client.llen("tide.b.short.interactive") == 1
+    assert queues.depth(redis_client, "tide.b.short.interactive") == 1
     assert store.get(a_id)["model"] == "a"  # type: ignore[index]
     assert store.cancel(b_id, "t")
     assert read_backlog(redis_client, lane="b")["short"].jobs == 0
