@@ -3,10 +3,12 @@ and ``tide bench`` (the requests to send). One reader for both formats; errors n
 file, the line and the field.
 
 - A job trace (``tide simulate --trace``): ``{"arrival_s", "prompt_tokens", "max_tokens",
-  "output_tokens"?, "model"?, "id"?}``; output_tokens (what the job really generates)
-  defaults to max_tokens and may not exceed it; model is the served name (or alias) a
-  client would send, absent for the fleet's default model (the simulator resolves it);
-  id is ignored.
+  "output_tokens"?, "model"?, "deadline"? | "completion_window"?, "id"?}``; output_tokens
+  (what the job really generates) defaults to max_tokens and may not exceed it; model is
+  the served name (or alias) a client would send, absent for the fleet's default model
+  (the simulator resolves it); deadline (seconds from the start, as arrival_s, after it) or
+  completion_window (the API's form, "24h", "30m", from arrival_s) makes it a batch job,
+  due then; id is ignored.
 - A request trace (``tide bench --trace``): ``{"prompt" | "prompt_len", "max_tokens",
   "offset"?}``; offset (seconds after the start) on every line or on none.
 """
@@ -19,11 +21,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from tide_fleet.infra.jobs.deadlines import parse_window
 from tide_fleet.infra.jsonl import iter_objects
 
-JOB_TRACE_FIELDS = frozenset(
-    {"arrival_s", "prompt_tokens", "max_tokens", "output_tokens", "model", "id"}
-)
+JOB_TRACE_FIELDS = frozenset({
+    "arrival_s", "prompt_tokens", "max_tokens", "output_tokens", "model", "deadline",
+    "completion_window", "id",
+})  # fmt: skip
 REQUEST_TRACE_FIELDS = frozenset({"prompt", "prompt_len", "max_tokens", "offset"})
 
 Row = TypeVar("Row")
@@ -40,6 +44,7 @@ class JobRow:
     max_tokens: int
     output_tokens: int
     model: str | None = None  # as the trace names it; None: the fleet's default model
+    deadline: float | None = None  # due by (seconds from the start); None: interactive
     line: int = field(default=0, compare=False)  # in the file, for errors that name it
 
 
@@ -107,7 +112,32 @@ def _job_row(item: dict[str, Any], line: int, where: str) -> JobRow:
     if "model" in item and not _is_name(model):
         raise TraceError(f"{where}: field model must be a model name (a string, no spaces), got "
                          f"{model!r}")  # fmt: skip
-    return JobRow(float(t), **counts, model=model, line=line)
+    return JobRow(float(t), **counts, model=model, deadline=_deadline(item, t, where), line=line)
+
+
+def _deadline(item: dict[str, Any], arrival: float, where: str) -> float | None:
+    """The job's deadline, seconds from the start: `deadline` as written, or arrival plus
+    `completion_window`; None without either."""
+    if "deadline" in item and "completion_window" in item:
+        raise TraceError(f"{where}: field completion_window: give deadline or "
+                         "completion_window, not both")  # fmt: skip
+    if "completion_window" in item:
+        window: Any = item["completion_window"]
+        try:
+            seconds = parse_window(window) if isinstance(window, str) else 0
+        except ValueError:
+            seconds = 0  # parse_window's are >= 1
+        if not seconds:
+            raise TraceError(f"{where}: field completion_window must be a duration like "
+                             f"'24h', '6h' or '30m', got {window!r}")  # fmt: skip
+        return arrival + seconds
+    if "deadline" not in item:
+        return None
+    due: Any = item["deadline"]
+    if not _is_seconds(due) or due <= arrival:
+        raise TraceError(f"{where}: field deadline must be a number of seconds from the start "
+                         f"after arrival_s ({arrival:g}), got {due!r}")  # fmt: skip
+    return float(due)
 
 
 def _is_name(v: Any) -> bool:

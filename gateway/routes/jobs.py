@@ -18,10 +18,10 @@ from tide_fleet.infra.jobs.public import (
     JobAccepted,
     JobPublic,
     delta_public,
+    job_accepted,
     job_public_json,
 )
 from tide_fleet.infra.jobs.schemas import JobCreate
-from tide_fleet.infra.wire.protocol import JobStatus
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 ERRORS: dict[int | str, dict[str, Any]] = {
@@ -52,12 +52,7 @@ async def create_job(
     idempotency_key: Annotated[str | None, Header()] = None,
 ) -> JobAccepted:
     record = await submit_job(state, tenant, body, idempotency_key)
-    return JobAccepted(
-        id=record["id"],
-        status=JobStatus(record["status"]),
-        bucket=record["bucket"],
-        created_at=float(record["created_at"]),
-    )
+    return job_accepted(record)
 
 
 async def public_job(state: GatewayState, tenant: str, job_id: str) -> Response:

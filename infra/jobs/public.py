@@ -20,6 +20,9 @@ class JobAccepted(BaseModel):
     status: JobStatus
     bucket: str
     created_at: float
+    deadline: float | None = None
+    ttl: float | None = None
+    expires_at: float | None = None
 
 
 class JobResult(BaseModel):
@@ -67,6 +70,9 @@ class JobPublic(BaseModel):
     error: str | None = None
     metadata: dict[str, str] | None = None
     webhook: dict[str, Any] | None = None
+    deadline: float | None = None  # Unix seconds: asked, or from completion_window
+    ttl: float | None = None  # the longest it may wait unstarted, seconds
+    expires_at: float | None = None  # expired if not started by then (the sooner of the two)
 
 
 class ErrorBody(BaseModel):
@@ -117,6 +123,19 @@ def job_public_json(record: dict[str, str], choices: bytes | None = None) -> byt
     return b"".join((head[:at], b'"choices":', raw, head[at + len(b'"choices":null') :]))
 
 
+def job_accepted(record: dict[str, str]) -> JobAccepted:
+    """The 202 answer to a submitted job: where it waits, and until when it may."""
+    return JobAccepted(
+        id=record["id"],
+        status=JobStatus(record["status"]),
+        bucket=record["bucket"],
+        created_at=float(record["created_at"]),
+        deadline=_float(record, "deadline"),
+        ttl=_float(record, "ttl"),
+        expires_at=_float(record, "expire_at"),
+    )
+
+
 def job_public(record: dict[str, str], with_choices: bool = True) -> JobPublic:
     """The API view of a job record from Redis (``with_choices=False``: choices left null,
     for ``job_public_json``)."""
@@ -160,6 +179,9 @@ def job_public(record: dict[str, str], with_choices: bool = True) -> JobPublic:
         error=record.get("error") or None,
         metadata=json.loads(record["metadata"]) if record.get("metadata") else None,
         webhook=webhook,
+        deadline=_float(record, "deadline"),
+        ttl=_float(record, "ttl"),
+        expires_at=_float(record, "expire_at"),
     )
 
 

@@ -1,6 +1,7 @@
-"""The simulator's jobs: the seeded built-in traces (diurnal, mixed) and job trace files
-(read by infra/traces.py), each job of one of the fleet's models (infra/sim/models.py) and
-bucketed as the gateway buckets it, with its model's thresholds (docs/simulator.md)."""
+"""The simulator's jobs: the seeded built-in traces (diurnal, mixed, batch-windows) and job
+trace files (read by infra/traces.py), each job of one of the fleet's models
+(infra/sim/models.py) and bucketed as the gateway buckets it, with its model's thresholds
+(docs/simulator.md); a job with a deadline is of the batch class."""
 
 from __future__ import annotations
 
@@ -77,9 +78,10 @@ def load_trace(
 ) -> tuple[list[Job], float]:
     """A job trace file's jobs (those in the first `hours`, when given) and its length in
     seconds: `hours`, else the last arrival. Each line's `model` is resolved among the
-    fleet's `models` (absent: the default); without them, a line may name none."""
+    fleet's `models` (absent: the default); without them, a line may name none. A line's
+    `deadline` or `completion_window` makes it a deadline job (infra/traces.py)."""
     p = Path(path)
-    rows, of = [], []
+    rows, of, due = [], [], []
     for r in read_job_trace(p):
         model = None
         if models is not None:  # every line, those past `hours` too: a typo is an error
@@ -90,11 +92,12 @@ def load_trace(
             raise TraceError(f"{p}:{r.line}: model {r.model!r}: no fleet's models to resolve it")
         if hours is None or r.arrival_s <= hours * 3600:
             rows.append((r.arrival_s, r.prompt_tokens, r.max_tokens, r.output_tokens))
+            due.append(r.deadline)
             if model is not None:
                 of.append(model)
     if not rows:
         raise TraceError(f"trace {p}: no jobs" + (f" in the first {hours:g} h" if hours else ""))
-    jobs = make_jobs(rows, of if models is not None else None)
+    jobs = make_jobs(rows, of if models is not None else None, due)
     return jobs, hours * 3600 if hours is not None else jobs[-1].arrival
 
 

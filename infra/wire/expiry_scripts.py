@@ -21,10 +21,7 @@ EXPIRY_PRELUDE = """
 local function push_message(jobkey, job_id, front)
   local f = redis.call('HMGET', jobkey, 'queue', 'message', 'deadline', 'expire_at', 'tenant')
   local refund = 0
-  if front then
-    local _, cost = fair_cost(jobkey)
-    refund = cost
-  end
+  if front then refund = fair_refund(jobkey, f[1]) end
   if f[3] and f[3] ~= '' then
     redis.call('ZADD', f[1] .. ':deadlines', tonumber(f[3]), f[2])
     fair_charge(f[1], f[5], -refund)
@@ -41,10 +38,11 @@ local function drop_deadline_message(jobkey)
   if f[3] and f[3] ~= '' then redis.call('ZREM', f[1] .. ':deadlines', f[2]) end
 end
 
--- A queued job past its expiry ends, never started and charged nothing: released from its
--- tenant's count and the backlog, counted, its 'done' event and its webhook (the msg id is
--- infra/jobs/webhooks.py event_id's) written.
+-- A queued job past its expiry ends, never started and charged nothing (a take's charge
+-- is settled at 0 served): released from its tenant's count and the backlog, counted, its
+-- 'done' event and its webhook (the msg id is infra/jobs/webhooks.py event_id's) written.
 local function expire_job(jobkey, job_id, now, events_ttl)
+  fair_settle(jobkey, 0)
   local f = redis.call('HMGET', jobkey, 'tenant', 'deadline', 'webhook_url')
   local why = 'ttl'
   if f[2] and f[2] ~= '' and tonumber(f[2]) <= tonumber(now) then why = 'deadline' end

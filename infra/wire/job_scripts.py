@@ -182,7 +182,8 @@ return 1
 
 # ARGV: lease token, job id, events TTL (0: no 'done' event), then field/value pairs with
 # 'status' first. The 'done' event is written only by the holder that won. A completed
-# job did compute, so it is charged its attempt even if its start mark never came.
+# job did compute, so it is charged its attempt even if its start mark never came. Its
+# tenant's fair-share counter is settled to the tokens its usage counts (fair_scripts.py).
 FINISH = (
     PRELUDE
     + """
@@ -190,6 +191,7 @@ if redis.call('HGET', KEYS[1], 'lease_token') ~= ARGV[1] then return 0 end
 if redis.call('HGET', KEYS[1], 'status') ~= 'in_progress' then return 0 end
 if ARGV[5] == 'completed' then charge(KEYS[1], ARGV[1]) end
 redis.call('HSET', KEYS[1], unpack(ARGV, 4))
+fair_settle(KEYS[1], nil)
 redis.call('HDEL', KEYS[1], 'lease_token')
 redis.call('ZREM', KEYS[2], ARGV[2])
 redis.call('DECR', KEYS[3])
@@ -227,6 +229,7 @@ if st == 'queued' then
   redis.call('DECR', KEYS[2])
   backlog(KEYS[1], ARGV[2], false)
   drop_deadline_message(KEYS[1])
+  fair_settle(KEYS[1], 0)
   batch_terminal(KEYS[1], 'cancelled')
   return 'cancelled'
 end

@@ -63,7 +63,8 @@ class NewJob:
         return keys, args
 
     def result(self, raw: list[Any]) -> dict[str, str]:
-        """{id, status, bucket, created_at} of the new (or idempotently found) job."""
+        """{id, status, bucket, created_at} of the new (or idempotently found) job, and a new
+        job's deadline, ttl and expire_at where it has them."""
         out = [v.decode() if isinstance(v, bytes) else v for v in raw]
         if out[0] in ("rate", "tenant_full", "queue_full"):
             raise LimitExceeded(out[0])
@@ -75,6 +76,7 @@ class NewJob:
             "status": f["status"],
             "bucket": f["bucket"],
             "created_at": repr(f["created_at"]),
+            **{k: repr(f[k]) for k in ("deadline", "ttl", "expire_at") if k in f},
         }
 
 

@@ -182,8 +182,8 @@ class Keys:
         return f"{queue}:deadlines"
 
     # A job queue's tenant-fair parts (infra/wire/fair_scripts.py; its Lua builds the same
-    # names): one list per tenant, the waiting tenants scored by weighted tokens taken, and
-    # a count of the messages in those lists.
+    # names): one list per tenant, the waiting tenants scored by weighted tokens taken, the
+    # counter each waiting tenant joined at, and a count of the messages in those lists.
     @staticmethod
     def tenant_queue(queue: str, tenant: str) -> str:
         return f"{queue}:t:{tenant}"
@@ -191,6 +191,10 @@ class Keys:
     @staticmethod
     def queue_tenants(queue: str) -> str:
         return f"{queue}:tenants"
+
+    @staticmethod
+    def queue_joined(queue: str) -> str:
+        return f"{queue}:joined"
 
     @staticmethod
     def queue_waiting(queue: str) -> str:

@@ -49,8 +49,8 @@ def encode(message: JobMessage, queue: str) -> str:
 # directly), RPOP end first. Each message goes into kombu's unacked hash and index so an
 # unacknowledged one can be restored; many in one round trip, without kombu's per-call
 # overhead. The hash holds kombu's own format: [envelope, exchange, routing key]. A queued
-# job's tenant is charged its cost. Returns (queue, message, deadline or '', tenant or '',
-# charge) quintuples.
+# job's tenant is charged its cost, recorded on the job. Returns (queue, message, deadline
+# or '', tenant or '', charge) quintuples.
 _TAKE = (
     FAIR_PRELUDE
     + """
@@ -62,10 +62,14 @@ local function take(queue, m, deadline, tenant)
   local job_id = type(env['headers']) == 'table' and env['headers']['job_id']
   local charged = 0
   if job_id and (tenant ~= '' or deadline ~= '') then  -- the plain list charges no one
-    local owner, cost = fair_cost('tide:job:' .. job_id)
+    local jobkey = 'tide:job:' .. job_id
+    local owner, cost = fair_cost(jobkey)
     if owner and (tenant == '' or owner == tenant) then
       tenant = owner
       charged = fair_charge(queue, owner, cost)
+      if charged ~= 0 then  -- remembered until the job ends (fair_settle) or goes back
+        redis.call('HSET', jobkey, 'fair_queue', queue, 'fair_charge', tostring(charged))
+      end
     end
   end
   redis.call('HSET', KEYS[1], tag, '[' .. m .. ', "", "' .. queue .. '"]')

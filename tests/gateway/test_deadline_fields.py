@@ -61,3 +61,13 @@ def test_timing_fields_set_the_record_and_the_deadline_queue(client, redis_clien
     assert float(other[b"expire_at"]) == pytest.approx(created + 60)
     assert redis_client.zcard(Keys.deadline_queue("tide.short.interactive")) == 2
     assert [t for _, t in deadline_backlog(redis_client, "short")] == [37, 37]  # 17 + 20
+
+
+def test_the_job_shows_its_deadline_ttl_and_expiry(client):
+    deadline = time.time() + 600
+    job = client.post("/v1/jobs", json={**JOB, "deadline": deadline, "ttl": 60}, headers=A).json()
+    for shown in (job, client.get(f"/v1/jobs/{job['id']}", headers=A).json()):
+        assert shown["deadline"] == deadline and shown["ttl"] == 60
+        assert shown["expires_at"] == pytest.approx(shown["created_at"] + 60)
+    plain = client.post("/v1/jobs", json=JOB, headers=A).json()
+    assert plain["deadline"] is None and plain["ttl"] is None and plain["expires_at"] is None
