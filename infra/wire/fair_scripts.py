@@ -120,17 +120,20 @@ end
 """
 
 # KEYS: unacked, unacked index. ARGV: sextuples (queue, message, deadline or '', tenant or
-# '', charged, delivery tag), the last to go back first. Each returns to the front: a
-# deadline job to its queue's deadline zset, a tenant's to its list, any other to the list;
-# a charge is refunded and forgotten on the job record.
+# '', charged (unused: the job's record says what is still charged), delivery tag), the
+# last to go back first. Each returns to the front: a deadline job to its queue's deadline
+# zset, a tenant's to its list, any other to the list; the job's recorded charge is
+# refunded and forgotten.
 GIVE_BACK = (
     FAIR_PRELUDE
     + """
 for i = 1, #ARGV, 6 do
-  local q, m, d, t, c = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], tonumber(ARGV[i + 4])
+  local q, m, d, t = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
+  -- What is still recorded on the job (a cancel or expiry since the take refunded it).
   local headers = cjson.decode(m)['headers']
-  if c ~= 0 and type(headers) == 'table' and headers['job_id'] then
-    redis.call('HDEL', 'tide:job:' .. headers['job_id'], 'fair_queue', 'fair_charge')
+  local c = 0
+  if type(headers) == 'table' and headers['job_id'] then
+    c = fair_refund('tide:job:' .. headers['job_id'], q)
   end
   if d ~= '' then
     redis.call('ZADD', q .. ':deadlines', tonumber(d), m)

@@ -143,6 +143,7 @@ end
 redis.call('HSET', KEYS[1], 'status', 'in_progress', 'lease_token', ARGV[2],
            'lease_owner', ARGV[1], 'started_at', ARGV[3])
 redis.call('ZADD', KEYS[2], ARGV[4], ARGV[5])
+redis.call('ZREM', 'tide:expiries', ARGV[5])  -- started: it cannot expire (a requeue adds it back)
 backlog(KEYS[1], ARGV[5], false)
 local record = redis.call('HGETALL', KEYS[1])
 table.insert(record, 1, 'acquired')
@@ -229,6 +230,7 @@ if st == 'queued' then
   redis.call('DECR', KEYS[2])
   backlog(KEYS[1], ARGV[2], false)
   drop_deadline_message(KEYS[1])
+  redis.call('ZREM', 'tide:expiries', ARGV[2])
   fair_settle(KEYS[1], 0)
   batch_terminal(KEYS[1], 'cancelled')
   return 'cancelled'

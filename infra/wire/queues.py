@@ -66,7 +66,10 @@ local function take(queue, m, deadline, tenant)
     local owner, cost = fair_cost(jobkey)
     if owner and (tenant == '' or owner == tenant) then
       tenant = owner
-      charged = fair_charge(queue, owner, cost)
+      -- A second copy of a job already charged (a reaped job can be queued twice) is not.
+      if redis.call('HEXISTS', jobkey, 'fair_queue') == 0 then
+        charged = fair_charge(queue, owner, cost)
+      end
       if charged ~= 0 then  -- remembered until the job ends (fair_settle) or goes back
         redis.call('HSET', jobkey, 'fair_queue', queue, 'fair_charge', tostring(charged))
       end

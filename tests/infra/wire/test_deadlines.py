@@ -127,3 +127,17 @@ def test_a_job_with_ttl_not_taken_expires_in_the_reaper_pass(redis_client):
     assert read_backlog(redis_client)["short"].jobs == 1
     # Its message is still on the list: a worker taking it skips it.
     assert store.acquire("waits", "w", 5)[0] == "expired"
+
+
+def test_only_queued_jobs_stay_listed_for_expiry(redis_client):
+    """tide:expiries holds what may still expire: a started or cancelled job leaves it at
+    once (a requeue lists it again), so a 24 h window does not keep a day of jobs there."""
+    store, now = JobStore(redis_client), time.time()
+    for job_id in ("a", "b", "c"):
+        _create(store, job_id, deadline=now + 3600)
+    assert redis_client.zcard(Keys.expiries) == 3
+    status, token, _ = store.acquire("a", "w", 5)
+    assert status == "acquired" and store.cancel("b", "t") == "cancelled"
+    assert [m.decode() for m in redis_client.zrange(Keys.expiries, 0, -1)] == ["c"]
+    assert store.requeue("a", token)
+    assert sorted(m.decode() for m in redis_client.zrange(Keys.expiries, 0, -1)) == ["a", "c"]

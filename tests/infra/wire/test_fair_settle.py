@@ -114,3 +114,41 @@ def test_a_taken_job_cancelled_before_it_starts_is_refunded(redis_client):
     assert _take(taker) == "a0" and _score(r, "a") == 110
     assert store.cancel("a0", "a") == "cancelled"
     assert _score(r, "a") == 0
+
+
+def test_a_job_cancelled_while_held_is_refunded_once(redis_client):
+    """Taken (charged), cancelled (refunded), then given back by its worker: the give-back
+    refunds what is still recorded on the job (nothing), not the take's charge again."""
+    store, taker = JobStore(redis_client), queues.Taker(redis_client)
+    for i in range(6):
+        _create(store, f"a{i}", "a")
+    _create(store, "b0", "b")
+    for _ in range(3):  # a's counter well above the one it joined at
+        if (job_id := _take(taker)).startswith("a"):
+            _run(store, job_id, 100)
+    (d,) = taker.take([Q], 1)
+    while d.tenant != "a":
+        (d,) = taker.take([Q], 1)
+    held = d.job().job_id
+    before = _score(redis_client, d.tenant)
+    assert store.cancel(held, d.tenant) == "cancelled"
+    refunded = _score(redis_client, d.tenant)
+    taker.give_back([d])
+    assert _score(redis_client, d.tenant) == refunded <= before
+
+
+def test_two_copies_taken_together_are_charged_once(redis_client):
+    """A reaped job's message can be queued twice (its requeue and the stranded restore):
+    one take of both charges the job once, and its finish settles that charge."""
+    store, taker = JobStore(redis_client), queues.Taker(redis_client)
+    _create(store, "a0", "a")
+    _create(store, "a1", "a")
+    message = queues.encode(JobMessage("a0", "short", "interactive", 10, 100), Q)
+    redis_client.rpush(f"{Q}:t:a", message)  # a second copy of a0 at the front
+    redis_client.incr(f"{Q}:waiting")
+    start = _score(redis_client, "a")
+    taken = [d.job().job_id for d in taker.take([Q], 2)]
+    assert taken == ["a0", "a0"]
+    assert _score(redis_client, "a") == start + 110  # one charge
+    _run(store, "a0", 100)
+    assert _score(redis_client, "a") == start + 110  # settled: 10 + 100 served, as charged

@@ -121,6 +121,8 @@ def test_every_path_keeps_the_tenant_lists_whole(redis_client):
     assert sorted(set(ids)) == sorted([f"a{i}" for i in range(5)] + [f"b{i}" for i in range(5)]
                                       + ["b_exp"])  # fmt: skip
     assert ids.count("b1") == 2 and len(ids) == 12  # nothing lost; only the reaped duplicate
+    b1_charges = [float(d.charged) for d in drained if d.job().job_id == "b1"]
+    assert sorted(b1_charges)[0] == 0 < sorted(b1_charges)[1]  # its two copies: charged once
     charged = {d.job().job_id: d.charged for d in drained}
     assert charged["a3"] == charged["b_exp"] == "0"  # ended jobs cost nothing
     assert _fair_state(r) == (0, 0, []) and r.get(Keys.queue_waiting(Q)) == b"0"
