@@ -20,7 +20,16 @@ from tide_fleet.gateway.deps import GatewayState
 from tide_fleet.gateway.errors import install_error_handlers
 from tide_fleet.gateway.limits import BodySizeLimit
 from tide_fleet.gateway.metrics import RequestMetrics
-from tide_fleet.gateway.routes import batches, files, health, jobs, models, openai, tokenize
+from tide_fleet.gateway.routes import (
+    adapters,
+    batches,
+    files,
+    health,
+    jobs,
+    models,
+    openai,
+    tokenize,
+)
 from tide_fleet.gateway.served import load_models
 from tide_fleet.infra.batches.store import BatchStore
 from tide_fleet.infra.jobs.files import FileStore
@@ -79,7 +88,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(RequestMetrics)  # outermost: it also counts the 413s of the limit
-    for module in (jobs, openai, models, tokenize, files, batches, health):
+    for module in (jobs, openai, models, adapters, tokenize, files, batches, health):
         app.include_router(module.router)
     install_console(app)  # /console, /console/api/*, /docs and /redoc (offline)
 

@@ -12,6 +12,7 @@ import redis.asyncio as aredis
 from fastapi import Depends, HTTPException, Request
 
 from tide_fleet.infra.batches.store import BatchStore
+from tide_fleet.infra.contract.adapters import AdapterSpec
 from tide_fleet.infra.jobs.files import FileStore
 from tide_fleet.infra.jobs.submission import ModelInfo
 from tide_fleet.infra.settings import Settings
@@ -39,6 +40,9 @@ class GatewayState:
     load_errors: dict[str, str] = field(default_factory=dict)  # served name -> why not
     tokenize_limiter: anyio.CapacityLimiter = field(init=False)
     serving_cache: tuple[float, set[tuple[str, str]]] | None = None  # gateway/capacity.py
+    # LoRA adapters read and checked here, by (name, path); None: unreadable here
+    # (gateway/adapters.py).
+    adapter_specs: dict[tuple[str, str], AdapterSpec | None] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.create_script = self.aredis.register_script(job_scripts.CREATE)
@@ -101,3 +105,21 @@ async def current_tenant(request: Request, state: StateDep) -> str:
 
 
 TenantDep = Annotated[str, Depends(current_tenant)]
+
+
+async def current_operator(request: Request, state: StateDep) -> str:
+    """The operator's key (TIDE_ADMIN_KEYS; none configured and no API keys: anyone); a
+    missing or unknown key is a 401, a tenant's key a 403."""
+    settings, token = state.settings, bearer_token(request)
+    if is_operator(settings, token):
+        return token
+    if token not in settings.api_keys:
+        raise HTTPException(
+            status_code=401,
+            detail="missing or invalid API key: send 'Authorization: Bearer <key>'",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+    raise HTTPException(403, detail="this route needs an operator key (TIDE_ADMIN_KEYS)")
+
+
+OperatorDep = Annotated[str, Depends(current_operator)]

@@ -1,9 +1,10 @@
 """The served models in the gateway: each one's tokenizer loaded at start, and the model a
-request names (its ``model``; none: the fleet's default, infra/wire/models.py).
+request names (its ``model``; none: the fleet's default, infra/wire/models.py), or the LoRA
+adapter it names, which runs on its parent's tokenizer and queues (infra/jobs/targets.py).
 
-A name no served model goes by is a 404 ``model_not_found`` (OpenAI's error object), before
-anything is tokenised or written; a served model whose tokenizer failed to load is a 503.
-Torch-free, as the rest of the gateway.
+A name no served model or adapter goes by is a 404 ``model_not_found`` (OpenAI's error
+object), before anything is tokenised or written; a served model whose tokenizer failed to
+load is a 503. Torch-free, as the rest of the gateway.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from tide_fleet.gateway.errors import ApiError
 from tide_fleet.infra.contract.registry import model_folder
 from tide_fleet.infra.jobs.openai_request import check_model
 from tide_fleet.infra.jobs.submission import ModelInfo, SubmissionError
+from tide_fleet.infra.jobs.targets import Target, find_target_async
 from tide_fleet.infra.wire.models import ModelCatalog, ServedModel, catalog
 
 log = logging.getLogger(__name__)
@@ -51,8 +53,23 @@ def pick(state: GatewayState, requested: str | None) -> tuple[ServedModel, Model
         raise ApiError(e.status, e.message, param=e.param, code=e.code) from None
     served = cat.resolve(requested)
     assert served is not None
+    return served, loaded(state, served)
+
+
+def loaded(state: GatewayState, served: ServedModel) -> ModelInfo:
+    """The served model's tokenizer and config; 503 when they failed to load."""
     info = state.models.get(served.name)
     if info is None:
         why = state.load_errors.get(served.name, "not loaded")
         raise ApiError(503, f"tokenizer not loaded: {why}", code="model_not_loaded")
-    return served, info
+    return info
+
+
+async def pick_target(state: GatewayState, requested: str | None) -> tuple[Target, ModelInfo]:
+    """What `requested` names (a served model, or a LoRA adapter declared or loaded at run
+    time) and the tokenizer of the model that runs it; 404 or 503 else."""
+    target = await find_target_async(state.aredis, served_catalog(state), requested)
+    if target is None:
+        pick(state, requested)  # answers 404 model_not_found, naming what is served
+    assert target is not None
+    return target, loaded(state, target.served)

@@ -15,12 +15,12 @@ import anyio
 from tide_fleet.gateway.deps import GatewayState
 from tide_fleet.gateway.errors import ApiError
 from tide_fleet.gateway.metrics import LIMIT_REASONS, tag_rejection
-from tide_fleet.gateway.served import pick
+from tide_fleet.gateway.served import pick_target
 from tide_fleet.infra.jobs.schemas import JobCreate
 from tide_fleet.infra.jobs.submission import ModelInfo, SubmissionError, build_job, limit_error
+from tide_fleet.infra.jobs.targets import Target
 from tide_fleet.infra.jobs.webhooks import UnsafeWebhookTarget, check_target
 from tide_fleet.infra.wire.jobstore import LimitExceeded, NewJob
-from tide_fleet.infra.wire.models import ServedModel
 from tide_fleet.infra.wire.protocol import Priority
 
 # Below this many characters a request is prepared on the event loop: tokenising it takes
@@ -39,6 +39,11 @@ def input_chars(body: JobCreate) -> int:
     return sum(len(m.content or "") for m in messages) + 64 * len(messages)
 
 
+def job_model(job: NewJob) -> str:
+    """What runs the job, as answers name it: its LoRA adapter, else its served model."""
+    return str(job.fields.get("lora") or job.fields.get("model") or "")
+
+
 def http_error(e: SubmissionError) -> ApiError:
     return ApiError(e.status, e.message, param=e.param, code=e.code, headers=e.headers)
 
@@ -50,18 +55,19 @@ def script_call(job: NewJob) -> Prepared:
 
 async def prepare(
     state: GatewayState,
-    build: Callable[[ServedModel, ModelInfo], list[Prepared]],
+    build: Callable[[Target, ModelInfo], list[Prepared]],
     chars: int,
     requested: str | None = None,
 ) -> list[Prepared]:
-    """Run `build` (tokenise, check, encode) for the model `requested` names (None: the
-    default; unknown: 404) on the loop for small inputs, in a thread for large ones; a
-    refusal is answered as its error object."""
-    served, model = pick(state, requested)
+    """Run `build` (tokenise, check, encode) for the model or LoRA adapter `requested` names
+    (None: the default; unknown: 404) with the tokenizer of the model that runs it, on the
+    loop for small inputs, in a thread for large ones; a refusal is answered as its error
+    object."""
+    target, model = await pick_target(state, requested)
     try:
         if chars <= INLINE_MAX_CHARS:
-            return build(served, model)
-        return await anyio.to_thread.run_sync(build, served, model, limiter=state.tokenize_limiter)
+            return build(target, model)
+        return await anyio.to_thread.run_sync(build, target, model, limiter=state.tokenize_limiter)
     except SubmissionError as e:
         raise http_error(e) from None
 
@@ -91,14 +97,15 @@ async def submit_job(
 ) -> dict[str, str]:
     """Validate sizes, then write the record and its queue message in one script call.
 
-    Returns {id, status, bucket, created_at}; the same job again for a repeated
+    Returns {id, status, bucket, created_at, model}; the same job again for a repeated
     Idempotency-Key of the same tenant.
     """
 
-    def build(served: ServedModel, model: ModelInfo) -> list[Prepared]:
+    def build(target: Target, model: ModelInfo) -> list[Prepared]:
         job = build_job(
-            state.settings, model, tenant, body, idempotency_key, priority, served=served
-        )
+            state.settings, model, tenant, body, idempotency_key, priority,
+            served=target.served, lora=target.adapter,
+        )  # fmt: skip
         return [script_call(job)]
 
     jobs = await prepare(state, build, input_chars(body), body.model)
@@ -108,4 +115,4 @@ async def submit_job(
             await asyncio.to_thread(check_target, str(body.webhook.url), hosts)
         except UnsafeWebhookTarget as e:
             raise ApiError(400, str(e), param="webhook.url", code="unsafe_webhook") from None
-    return (await write_jobs(state, tenant, jobs))[0]
+    return (await write_jobs(state, tenant, jobs))[0] | {"model": job_model(jobs[0][0])}

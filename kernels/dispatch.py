@@ -31,7 +31,7 @@ from tide_fleet.kernels import cpu as cpu_kernels
 
 FORCE_VAR = "TIDE_KERNELS"
 OPS = ("gemv", "gemm", "decode_attention", "prefill_attention", "norm", "rope", "activation",
-       "kv_write", "sampling")  # fmt: skip
+       "kv_write", "sampling", "lora")  # fmt: skip
 CLASSES = ("cuda", "cpu-amx", "cpu-avx512bf16", "cpu-avx512", "cpu-avx2", "cpu-generic",
            "cpu-no-native")  # fmt: skip
 PAIRS = ("cpu-amx", "cpu-avx512bf16")  # a bf16 dot product (tdpbf16ps, vdpbf16ps)
@@ -119,6 +119,15 @@ TABLE: dict[str, dict[str, Choice]] = {
     "sampling": _cells(
         (CLASSES, "torch", "one batched inverse-CDF draw (kernels/sampling.py): the only one"),
     ),
+    "lora": _cells(
+        (("cuda",), "triton", "segmented shrink/expand (kernels/triton_lora.py): every adapter "
+         "of the step in one launch each"),
+        (NATIVE, "cpp", "blocks of four rows per adapter, shrink and expand in float, "
+         "vdpbf16ps where the build has it (kernels/csrc/lora): 8 adapters ran at 0.90x the "
+         "base's tok/s, the torch path at 0.62x (scripts/bench_lora.py, Zen 4)"),
+        (("cpu-no-native",), "torch", "each adapter's rows a batch entry of one shrink and "
+         "one expand per sub-module"),
+    ),
 }
 # What each op may be forced to besides its default, where the class runs it.
 ALSO: dict[str, tuple[str, ...]] = {
@@ -131,6 +140,7 @@ ALSO: dict[str, tuple[str, ...]] = {
     "activation": ("cpp-avx512bf16", "torch"),
     "kv_write": ("torch", "triton"),
     "sampling": (),
+    "lora": ("cpp", "torch", "triton"),
 }
 # fmt: on
 

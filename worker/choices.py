@@ -53,6 +53,7 @@ class JobSpec:
     n: int
     priority: Priority
     group: str  # the fair-share group: the request it came in (its own id when alone)
+    lora: str | None = None  # the LoRA adapter it runs on (the record's `lora`; None: base)
 
     @classmethod
     def from_record(cls, record: dict[str, str]) -> JobSpec:
@@ -62,7 +63,8 @@ class JobSpec:
         wire = WirePriority(record.get("priority") or WirePriority.INTERACTIVE)
         prompt = list(json.loads(record["token_ids"]))
         group = record.get("group") or record["id"]
-        return cls(prompt, SamplingParams(**sampling), n, ENGINE_PRIORITY[wire], group)
+        lora = record.get("lora") or None
+        return cls(prompt, SamplingParams(**sampling), n, ENGINE_PRIORITY[wire], group, lora)
 
 
 def request_id(job_id: str, index: int, n: int) -> str:
@@ -100,8 +102,9 @@ class ChoiceRunner:
     def start(self, job: HeldJob, spec: JobSpec) -> None:
         """Add choice 0 (raises ValueError, TypeError or KeyError if the engine refuses it,
         and then nothing was added), and the others now or once it has computed the
-        prompt's full blocks. All of them share the job's fair-share group."""
-        job.group = spec.group
+        prompt's full blocks. All of them share the job's fair-share group and run on
+        its adapter."""
+        job.group, job.lora = spec.group, spec.lora
         prompt, params, priority = spec.prompt, spec.params, spec.priority
         self._add(job, 0, prompt, params, priority)
         bs = self.engine.config.block_size
@@ -181,7 +184,7 @@ class ChoiceRunner:
         choice = job.choices[index]
         self.engine.add_request(
             choice.request_id, prompt, choice_params(params, index), priority, job.group,
-            output_token_ids=choice.kept_tokens or None,
+            output_token_ids=choice.kept_tokens or None, lora=job.lora,
         )  # fmt: skip
         choice.added = True
         if self.on_add is not None:

@@ -1,8 +1,8 @@
 """The worker's heartbeat: one typed record (``infra.wire.heartbeats``) written with a TTL.
 
-Every heartbeat interval the worker writes what it runs and holds, its token rate since
-the last beat and its served work, lists itself in the workers set, and reads in the same
-round trip whether the controller asked it to drain.
+Every heartbeat interval the worker writes what it runs and holds (its LoRA adapters
+included), its token rate since the last beat and its served work, lists itself in the
+workers set, and reads in the same round trip whether the controller asked it to drain.
 """
 
 from __future__ import annotations
@@ -49,12 +49,15 @@ class HeartbeatWriter:
         metrics_url: str,
         cold_start_s: float | None = None,
     ) -> bool:
-        """Write one heartbeat from the engine's stats; True when a drain is requested."""
+        """Write one heartbeat from the engine's stats (its adapters from stats["lora"]);
+        True when a drain is requested."""
         now = time.monotonic()
         then, tokens = self._last_tokens
         produced = stats["generation_tokens"] - tokens
         rate = produced / (now - then) if now > then else 0.0
         self._last_tokens = (now, stats["generation_tokens"])
+        lora = stats.get("lora") or {}
+        on_device = sorted(lora.get("on_device", ()))
         beat = Heartbeat(
             worker_id=self.worker_id,
             pool=self.pool,
@@ -75,6 +78,8 @@ class HeartbeatWriter:
             metrics_url=metrics_url,
             cold_start_s=cold_start_s,
             at=time.time(),
+            adapters=tuple(sorted({*on_device, *lora.get("in_host", ())})),
+            adapters_on_device=tuple(on_device),
         )
         ttl = max(int(3 * self.settings.worker_heartbeat_seconds), 2)
         key = Keys.worker(self.worker_id)

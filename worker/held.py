@@ -65,6 +65,7 @@ class HeldJob:
     logprobs: bool = False  # sampling.logprobs was set: entries per token are written
     ended: bool = False  # its terminal result is recorded (tide_fleet.worker.results)
     group: str | None = None  # fair-share group in the engine (tide_fleet.worker.choices.JobSpec)
+    lora: str | None = None  # the LoRA adapter its choices run on (None: the base model)
     choices: list[Choice] = field(default_factory=list)
 
     @property

@@ -7,6 +7,7 @@ row, batch queues go first once. After a poll finds every queue empty, the next 
 waits for a wake-up (every enqueue and re-queue publishes one) or EMPTY_RECHECK_SECONDS,
 so a busy engine does not spend each step polling empty queues. A message taken that
 cannot start yet waits here (at most one); the rest go back to the front of their queues.
+A take prefers the jobs on the LoRA adapters the engine holds (``queues.ADAPTER_WINDOW``).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from collections.abc import Sequence
 
 import redis
 
@@ -53,15 +55,16 @@ class Intake:
         if self.wakeups.get_message(timeout=timeout) is not None:
             self._queues_empty_at = None
 
-    def next(self, free: int) -> list[Taken]:
+    def next(self, free: int, adapters: Sequence[str] = ()) -> list[Taken]:
         """The prefetched message if there is one, else up to `free` new ones (none when
-        there is no free slot or polling is not worth it yet)."""
+        there is no free slot or polling is not worth it yet); `adapters`: the LoRA adapters
+        the engine holds, whose jobs a take prefers."""
         if self.prefetched is not None:
             taken, self.prefetched = [self.prefetched], None
             return taken
         if free <= 0 or not self._worth_polling():
             return []
-        taken = self.poll(min(free, TAKE_AT_MOST))
+        taken = self.poll(min(free, TAKE_AT_MOST), adapters)
         self._queues_empty_at = None if taken else time.monotonic()
         return taken
 
@@ -77,7 +80,7 @@ class Intake:
             self.prefetched = None
             self.taker.give_back([message])
 
-    def poll(self, limit: int) -> list[Taken]:
+    def poll(self, limit: int, adapters: Sequence[str] = ()) -> list[Taken]:
         """Take up to `limit` messages in one round trip, in consume order."""
         order = self.queue_names
         aged = self._interactive_streak >= BATCH_EVERY
@@ -87,7 +90,7 @@ class Intake:
         else:  # never take past the point where batch work is due
             limit = min(limit, BATCH_EVERY - self._interactive_streak)
         taken = []
-        for d in self.taker.take(order, limit):
+        for d in self.taker.take(order, limit, adapters):
             is_batch = d.queue.endswith(".batch")
             reset = is_batch or aged  # aged: batch work had its turn (or there was none)
             self._interactive_streak = 0 if reset else self._interactive_streak + 1

@@ -1,10 +1,11 @@
 """Worker metrics: vLLM-style engine counters and latencies, plus estimated MFU and MBU.
 
-Names mirror vLLM's (`vllm:` becomes `tide:`), labelled by model and pool. Every engine
-step calls `WorkerMetrics.on_step` (the engine's `on_step` hook); utilisation per step
-comes from the roofline cost model (infra/plan/roofline.py: the model's shapes, the tokens
-and KV positions of the step) over its wall time and the device's peaks
-(worker/device_peaks.py). docs/observability.md lists every series.
+Names mirror vLLM's (`vllm:` becomes `tide:`), labelled by model and pool (the series per
+LoRA adapter: worker/adapter_metrics.py). Every engine step calls `WorkerMetrics.on_step`
+(the engine's `on_step` hook); utilisation per step comes from the roofline cost model
+(infra/plan/roofline.py: the model's shapes, the tokens and KV positions of the step) over
+its wall time and the device's peaks (worker/device_peaks.py). docs/observability.md lists
+every series.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from prometheus_client.exposition import start_http_server
 
 from tide_fleet.infra.plan.roofline import DevicePeaks, ModelCost, utilisation
 from tide_fleet.infra.settings import Settings
+from tide_fleet.worker.adapter_metrics import AdapterMetrics
 from tide_fleet.worker.device_peaks import device_peaks
 from tide_fleet.worker.engine.outputs import RequestOutput, StepStats
 
@@ -136,6 +138,7 @@ class WorkerMetrics:
         gauge("device_peak_bandwidth_bytes", f"peak bytes/s used for MBU ({peaks.source})").set(
             peaks.bandwidth
         )
+        self.adapters = AdapterMetrics(r, labels)  # per LoRA adapter (adapter_metrics.py)
         ProcessCollector(registry=r)
 
     @classmethod
@@ -164,10 +167,12 @@ class WorkerMetrics:
 
     # -- observations ----------------------------------------------------------------------
 
-    def track(self, request_id: str, created_at: float | None) -> None:
-        """Remember when a job was created, so queue time and e2e include its wait in Redis."""
+    def track(self, request_id: str, created_at: float | None, adapter: str | None = None) -> None:
+        """Remember when a job was created, so queue time and e2e include its wait in Redis,
+        and the LoRA adapter it runs on (None: the base model)."""
         if created_at:
             self._created[request_id] = created_at
+        self.adapters.track(request_id, adapter)
 
     def on_step(self, step: StepStats | None, outputs: list[RequestOutput]) -> None:
         if step is not None:
@@ -192,6 +197,7 @@ class WorkerMetrics:
         self.mbu_avg.set(self._mbu_ema)
 
     def observe_outputs(self, outputs: list[RequestOutput], now: float) -> None:
+        self.adapters.observe(outputs)
         for out in outputs:
             rid = out.request_id
             if out.new_token_ids:
@@ -227,6 +233,7 @@ class WorkerMetrics:
             if delta > 0:
                 child.inc(delta)
             self._totals[key] = stats[key]
+        self.adapters.sync(stats.get("lora"))
 
     # -- serving ----------------------------------------------------------------------------
 

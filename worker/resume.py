@@ -14,6 +14,8 @@ A stream with a delta lacking token ids (written by an older worker) is not resu
 from __future__ import annotations
 
 import json
+import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +23,9 @@ import redis
 
 from tide_fleet.infra.wire.codec import decode_hash
 from tide_fleet.infra.wire.protocol import Keys
+from tide_fleet.worker.held import HeldJob
+
+log = logging.getLogger("tide_fleet.worker.service")
 
 
 @dataclass
@@ -56,3 +61,17 @@ def read_kept(client: redis.Redis, job_id: str) -> dict[int, Kept]:
         if event.get("lp"):
             choice.logprobs += json.loads(event["lp"])
     return kept
+
+
+def resume(client: redis.Redis, held: HeldJob, record: dict[str, str]) -> None:
+    """Start `held`'s choices from what earlier attempts wrote; its record's other fields
+    (prompt, sampling, adapter) are the job's as ever, so it resumes as it began."""
+    kept = read_kept(client, held.job_id)
+    for c in held.choices:
+        if (k := kept.get(c.index)) is not None:
+            c.kept_tokens, c.kept_logprobs = k.tokens, k.logprobs
+    if resumed := sum(len(c.kept_tokens) for c in held.choices):
+        held.first_token_at = float(record.get("first_token_at") or time.time())
+        client.incrby(Keys.resumed_tokens, resumed)
+        log.info("resuming %s from %s kept tokens", held.job_id,
+                 [len(c.kept_tokens) for c in held.choices])  # fmt: skip

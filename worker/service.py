@@ -4,7 +4,8 @@ A consumer loop with a stop flag. It takes messages only for free sequence slots
 (``tide_fleet.worker.intake``) and admits each only when ``engine.can_admit`` says it fits; work it
 cannot start stays in Redis, visible to other workers and the controller. A job runs as
 its n choices (``tide_fleet.worker.choices``), one engine request each, and is held (one lease)
-until all have ended (``tide_fleet.worker.held``).
+until all have ended (``tide_fleet.worker.held``). A job on a LoRA adapter has it loaded
+first (``tide_fleet.worker.adapters``), and fails alone when it cannot be.
 
 A Redis outage is weather, not death (``tide_fleet.worker.outage``): the worker never exits on a
 connection error. While Redis is away it takes nothing new, keeps generating what it
@@ -27,7 +28,9 @@ import redis
 from tide_fleet.infra.settings import Settings
 from tide_fleet.infra.wire import queues
 from tide_fleet.infra.wire.jobstore import JobStore
+from tide_fleet.infra.wire.models import catalog
 from tide_fleet.infra.wire.protocol import JobMessage, Keys, Priority, consume_order
+from tide_fleet.worker.adapters import AdapterRefused, WorkerAdapters
 from tide_fleet.worker.boot import Boot
 from tide_fleet.worker.choices import ChoiceRunner, JobSpec, request_id
 from tide_fleet.worker.engine import LLMEngine
@@ -38,7 +41,7 @@ from tide_fleet.worker.logprobs import LogprobEntries
 from tide_fleet.worker.metrics import WorkerMetrics
 from tide_fleet.worker.outage import Outage
 from tide_fleet.worker.results import PendingWrites
-from tide_fleet.worker.resume import may_have_output, read_kept
+from tide_fleet.worker.resume import may_have_output, resume
 from tide_fleet.worker.writer import ResultWriter
 
 log = logging.getLogger(__name__)
@@ -91,8 +94,9 @@ class WorkerService:
                                    settings.events_ttl_seconds, inline=write_inline)  # fmt: skip
         self.metrics = WorkerMetrics.for_engine(engine, pool, settings, served=model)
         self.choices = ChoiceRunner(
-            engine, lambda job, rid: self.metrics.track(rid, job.created_at)
+            engine, lambda job, rid: self.metrics.track(rid, job.created_at, job.lora)
         )
+        self.adapters = WorkerAdapters(engine, self.redis, catalog(settings), model)
         self.metrics_url = ""  # set when the metrics endpoint starts (run)
         self._idle_since: float | None = time.time()
 
@@ -205,16 +209,24 @@ class WorkerService:
         while True:
             # Free slots, or the fair share a new job would get from jobs running past
             # theirs (worker/engine/fair_share.py); less the choices already promised.
-            taken = self.intake.next(self.engine.room() - self.choices.num_waiting)
+            # The take prefers jobs on the adapters the engine holds (queues.ADAPTER_WINDOW).
+            room = self.engine.room() - self.choices.num_waiting
+            taken = self.intake.next(room, self.adapters.held())
             if not taken:
                 return
             for i, (message, job) in enumerate(taken):
-                if not self.engine.can_admit(job.prompt_tokens, job.max_tokens):
+                try:
+                    fits = self.adapters.admits(job.prompt_tokens, job.max_tokens, message.lora)
+                except AdapterRefused as e:
+                    self._start(message, job, refused=str(e))
+                    continue
+                if not fits:
                     self.intake.hold(taken, i)
                     return
                 self._start(message, job)
 
-    def _start(self, message: queues.Delivery, job: JobMessage) -> None:
+    def _start(self, message: queues.Delivery, job: JobMessage, refused: str = "") -> None:
+        """Acquire the job and start its choices (`refused`: fail it, saying why)."""
         lease = self.settings.lease_seconds
         status, token, record = self.store.acquire(
             job.job_id, self.worker_id, lease, self.settings.events_ttl_seconds
@@ -232,30 +244,20 @@ class WorkerService:
         held.cold_start_s = self.boot.waited_for(held.created_at)
         self._idle_since = None
         try:
+            if refused:
+                raise ValueError(refused)
             spec = JobSpec.from_record(record)
             n, params = spec.n, spec.params
             held.work = job.prompt_tokens + n * params.max_tokens  # what the n choices may use
             held.logprobs = params.logprobs is not None
             held.choices = [Choice(i, request_id(job.job_id, i, n)) for i in range(n)]
             if held.streams and may_have_output(record):
-                self._resume(held, record)
+                resume(self.redis, held, record)
             self.held.add(held)
             self.choices.start(held, spec)
         except (ValueError, TypeError, KeyError) as e:
             self.held.add(held)
             self.pending.reject(held, f"rejected by the worker: {e}")
-
-    def _resume(self, held: HeldJob, record: dict[str, str]) -> None:
-        """Start the choices from what earlier attempts wrote (``tide_fleet.worker.resume``)."""
-        kept = read_kept(self.redis, held.job_id)
-        for c in held.choices:
-            if (k := kept.get(c.index)) is not None:
-                c.kept_tokens, c.kept_logprobs = k.tokens, k.logprobs
-        if resumed := sum(len(c.kept_tokens) for c in held.choices):
-            held.first_token_at = float(record.get("first_token_at") or time.time())
-            self.redis.incrby(Keys.resumed_tokens, resumed)
-            log.info("resuming %s from %s kept tokens", held.job_id,
-                     [len(c.kept_tokens) for c in held.choices])  # fmt: skip
 
     # -- results -----------------------------------------------------------------------
 
@@ -294,6 +296,7 @@ class WorkerService:
             self._heartbeat()
 
     def _heartbeat(self) -> None:
+        self.adapters.sweep()
         stats = self.engine.stats()
         self.metrics.sync(stats)
         max_seqs = self.engine.config.max_num_seqs

@@ -5,7 +5,8 @@ of jobs or models: every served model's backlog counters (infra/wire/backlog.py)
 lengths with the tenants' unfinished-job counters (fleet_queues.py), the heartbeats
 (infra/wire/heartbeats.py) and the controller's records (infra/wire/fleet_status.py);
 engine figures come from the workers' metrics endpoints (worker_stats.py, cached). Queues
-are per (model, bucket); pools and workers name the model they run.
+are per (model, bucket); pools and workers name the model they run; each LoRA adapter has
+a row (its queued jobs and the workers holding it) and each worker lists its adapters.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from fastapi.responses import JSONResponse
 
 from tide_fleet.gateway.console.auth import OperatorDep
 from tide_fleet.gateway.console.fleet_queues import (
+    adapter_rows,
     bucket_rows,
     lanes,
     model_of,
@@ -29,6 +31,8 @@ from tide_fleet.gateway.console.fleet_queues import (
 from tide_fleet.gateway.console.worker_stats import EngineStats, WorkerScraper
 from tide_fleet.gateway.deps import StateDep
 from tide_fleet.gateway.served import served_catalog
+from tide_fleet.infra.wire.adapters import all_adapters_async
+from tide_fleet.infra.wire.backlog import adapter_backlog_async
 from tide_fleet.infra.wire.fleet_status import FleetStatus, read_status_async
 from tide_fleet.infra.wire.heartbeats import Heartbeat
 from tide_fleet.infra.wire.models import ModelCatalog
@@ -104,6 +108,7 @@ def _workers(
             "running": b.running, "waiting": b.waiting, "held": b.held,
             "free_slots": b.free_slots, "kv_cache_usage": b.kv_cache_usage,
             "tokens_per_s": b.tokens_per_s, "beat_age_s": max(0.0, now - b.at),
+            "adapters": list(b.adapters), "adapters_on_device": list(b.adapters_on_device),
             **(asdict(stats) if stats else {}),
         })  # fmt: skip
     return out
@@ -124,12 +129,21 @@ async def fleet(
     scraper: WorkerScraper = console.scraper
     engine = scraper.stats([b.metrics_url for b in beats.values() if b.metrics_url])
     per_model = model_rows(models, backlog, beats, cat)
+    generated: dict[str, float] = {}
+    for stats in engine.values():
+        for name, n in stats.adapter_tokens.items():
+            generated[name] = generated.get(name, 0.0) + n
+    adapters = adapter_rows(
+        await all_adapters_async(state.aredis, cat),
+        await adapter_backlog_async(state.aredis), beats, generated,
+    )  # fmt: skip
     return JSONResponse(
         {
             "at": now,
             "model": state.model_name,  # the default model
             "buckets": bucket_rows(models, backlog, depths, console.rates, now),
             "models": per_model,
+            "adapters": adapters,
             "pools": _pools(beats, status, cat),
             "workers": _workers(beats, engine, cat, now),
             "decisions": [asdict(d) for d in status.decisions],

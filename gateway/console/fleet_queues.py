@@ -1,10 +1,13 @@
-"""The fleet view's queues, per (model, bucket), and its totals per model.
+"""The fleet view's queues, per (model, bucket), and its totals per model and per adapter.
 
 Each served model (infra/wire/models.py) has its own queues and backlog keys, named by its
 lane ('' for the default model). The view reads every lane's backlog in one pipeline
 (infra/wire/backlog.py `read_lanes_async`) and every queue's length with the tenants'
 unfinished-job counters in one more, whatever the number of models. A worker names the
 model it runs in its heartbeat; an older worker names none: it runs the default model.
+A LoRA adapter's jobs are in its parent model's queues (and counted there); its own row
+says how many of them wait (infra/wire/backlog.py `adapter_backlog_async`) and which
+workers hold it (their heartbeats' `adapters`).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from typing import Any
 from tide_fleet.gateway.console.rates import ArrivalRates
 from tide_fleet.gateway.deps import StateDep
 from tide_fleet.infra.wire import queues
+from tide_fleet.infra.wire.adapters import AdapterRef
 from tide_fleet.infra.wire.backlog import Lanes, read_lanes_async
 from tide_fleet.infra.wire.heartbeats import Heartbeat
 from tide_fleet.infra.wire.models import ModelCatalog
@@ -102,3 +106,27 @@ def model_rows(
         }
         for name, default, queued in rows
     ]
+
+
+def adapter_rows(
+    adapters: list[AdapterRef], queued: dict[str, int], beats: dict[str, Heartbeat],
+    generated: dict[str, float],
+) -> list[dict[str, Any]]:  # fmt: skip
+    """Per served adapter (by parent, then name): queued jobs, the workers that hold it and
+    how many have it in a device slot, the tokens its live workers generated on it (from
+    their metrics). An adapter only a queue or a heartbeat names (unloaded since) comes
+    last, its parent unknown (null)."""
+    parents: dict[str, str | None] = {a.name: a.parent for a in adapters}
+    named = set(queued) | {n for b in beats.values() for n in b.adapters}
+    rows = []
+    for name in [a.name for a in adapters] + sorted(named - set(parents)):
+        holders = [b for b in beats.values() if name in b.adapters]
+        rows.append({
+            "adapter": name,
+            "model": parents.get(name),
+            "queued": queued.get(name, 0),
+            "workers": len(holders),
+            "on_device": sum(name in b.adapters_on_device for b in holders),
+            "generated_tokens": generated.get(name, 0.0),
+        })  # fmt: skip
+    return rows

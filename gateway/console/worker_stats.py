@@ -1,5 +1,6 @@
-"""Engine figures the heartbeat does not carry (MFU/MBU, KV capacity, prefix-cache hits),
-read from each worker's Prometheus endpoint (its ``metrics_url``, docs/observability.md).
+"""Engine figures the heartbeat does not carry (MFU/MBU, KV capacity, prefix-cache hits,
+tokens generated per LoRA adapter), read from each worker's Prometheus endpoint (its
+``metrics_url``, docs/observability.md).
 
 Scrapes run in the background, concurrently, with a short timeout, and each answer is kept
 for CACHE_SECONDS, so a console polling every second costs a worker one scrape per few
@@ -9,8 +10,9 @@ seconds whatever the number of open pages; a worker that does not answer shows n
 from __future__ import annotations
 
 import asyncio
+import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import httpx
 
@@ -26,6 +28,8 @@ WANTED = {
     "tide:prefix_cache_queries_total": "prefix_queries",
     "tide:prefix_cache_hits_total": "prefix_hits",
 }
+ADAPTER_TOKENS = "tide:lora_generation_tokens_total"  # labelled by adapter ('base': none)
+_ADAPTER_LABEL = re.compile(r'adapter="([^"]*)"')
 
 
 @dataclass(frozen=True)
@@ -35,28 +39,37 @@ class EngineStats:
     mfu: float | None = None
     mbu: float | None = None
     prefix_hit_rate: float | None = None  # hits / queries of prompt tokens since start
+    # Tokens generated since start per LoRA adapter ('base': the base model); empty for a
+    # worker that exports none.
+    adapter_tokens: dict[str, float] = field(default_factory=dict)
 
 
-def _samples(text: str) -> dict[str, float]:
-    """The WANTED samples of a Prometheus text exposition, summed over their labels. A line
-    scan for the few names wanted (a full parse of a worker's histograms costs ten times
-    more): `name{labels} value [timestamp]`, comments skipped."""
+def _samples(text: str) -> tuple[dict[str, float], dict[str, float]]:
+    """The WANTED samples of a Prometheus text exposition, summed over their labels, and
+    ADAPTER_TOKENS per adapter. A line scan for the few names wanted (a full parse of a
+    worker's histograms costs ten times more): `name{labels} value [timestamp]`, comments
+    skipped."""
     values: dict[str, float] = {}
+    adapters: dict[str, float] = {}
     for line in text.splitlines():
         if not line.startswith("tide:"):
             continue
         brace = line.find("{")
         name = line[:brace] if brace >= 0 else line.split(" ", 1)[0]
         key = WANTED.get(name)
-        if key is None:
+        if key is None and name != ADAPTER_TOKENS:
             continue
         rest = line[line.rfind("}") + 1 :] if brace >= 0 else line[len(name) :]
-        values[key] = values.get(key, 0.0) + float(rest.split()[0])
-    return values
+        value = float(rest.split()[0])
+        if key is not None:
+            values[key] = values.get(key, 0.0) + value
+        elif (m := _ADAPTER_LABEL.search(line, brace)) is not None:
+            adapters[m.group(1)] = adapters.get(m.group(1), 0.0) + value
+    return values, adapters
 
 
 def parse_metrics(text: str) -> EngineStats:
-    values = _samples(text)
+    values, adapters = _samples(text)
     capacity = values.get("kv_capacity_tokens")
     usage = values.get("kv_usage")
     queries = values.get("prefix_queries")
@@ -66,6 +79,7 @@ def parse_metrics(text: str) -> EngineStats:
         mfu=values.get("mfu"),
         mbu=values.get("mbu"),
         prefix_hit_rate=values.get("prefix_hits", 0.0) / queries if queries else None,
+        adapter_tokens=adapters,
     )
 
 

@@ -19,8 +19,7 @@ from tide_fleet.gateway.errors import ApiError
 from tide_fleet.gateway.events import many_job_events
 from tide_fleet.gateway.openai_stream import StreamPlan, stream_response
 from tide_fleet.gateway.routes.jobs import ERRORS
-from tide_fleet.gateway.served import served_catalog
-from tide_fleet.gateway.submit import Prepared, prepare, script_call, write_jobs
+from tide_fleet.gateway.submit import Prepared, job_model, prepare, script_call, write_jobs
 from tide_fleet.infra.jobs.ceilings import check_work
 from tide_fleet.infra.jobs.job_errors import unfinished_job
 from tide_fleet.infra.jobs.openai_format import chat_body, completions_body
@@ -28,8 +27,8 @@ from tide_fleet.infra.jobs.openai_request import PlannedJob, chat_job, completio
 from tide_fleet.infra.jobs.public import ErrorBody
 from tide_fleet.infra.jobs.schemas import ChatCompletionCreate, CompletionCreate
 from tide_fleet.infra.jobs.submission import ModelInfo, build_job
+from tide_fleet.infra.jobs.targets import Target
 from tide_fleet.infra.jobs.tools import ToolRender
-from tide_fleet.infra.wire.models import ServedModel
 from tide_fleet.infra.wire.protocol import Priority
 
 router = APIRouter(prefix="/v1", tags=["openai"])
@@ -68,17 +67,18 @@ async def _wait(state: GatewayState, tenant: str, job_ids: list[str]) -> list[di
 async def _submit(
     state: GatewayState,
     tenant: str,
-    plans_of: Callable[[ModelInfo], list[PlannedJob]],
+    plans_of: Callable[[Target, ModelInfo], list[PlannedJob]],
     chars: int,
     requested: str | None,
 ) -> tuple[list[Prepared], str]:
-    """The request's jobs, for the model it names; and that model's served name."""
+    """The request's jobs, for the model or LoRA adapter it names; and the name the answer
+    gives as its ``model`` (the served name, or the adapter's)."""
 
-    def build(served: ServedModel, model: ModelInfo) -> list[Prepared]:
+    def build(target: Target, model: ModelInfo) -> list[Prepared]:
         jobs = [
             build_job(state.settings, model, tenant, plan.body, None, extra_fields=plan.fields,
-                      tools=plan.tools, served=served)
-            for plan in plans_of(model)
+                      tools=plan.tools, served=target.served, lora=target.adapter)
+            for plan in plans_of(target, model)
         ]  # fmt: skip
         if len(jobs) > 1:  # each job was checked alone; a list of prompts counts together
             f = [job.fields for job in jobs]
@@ -88,8 +88,7 @@ async def _submit(
 
     jobs = await prepare(state, build, chars, requested)
     await check_capacity(state, [job for job, _, _ in jobs])
-    name = jobs[0][0].fields.get("model", state.model_name) if jobs else state.model_name
-    return jobs, str(name)
+    return jobs, job_model(jobs[0][0]) if jobs else state.model_name
 
 
 def _include_usage(body: CompletionCreate | ChatCompletionCreate) -> bool:
@@ -98,8 +97,8 @@ def _include_usage(body: CompletionCreate | ChatCompletionCreate) -> bool:
 
 @router.post("/completions", responses=SYNC_ERRORS)
 async def completions(body: CompletionCreate, state: StateDep, tenant: TenantDep) -> Any:
-    def plans(model: ModelInfo) -> list[PlannedJob]:
-        return completion_jobs(body, served_catalog(state), model, Priority.INTERACTIVE)
+    def plans(target: Target, model: ModelInfo) -> list[PlannedJob]:
+        return completion_jobs(body, target, model, Priority.INTERACTIVE)
 
     chars = sum(len(p) for p in body.prompts())
     jobs, name = await _submit(state, tenant, plans, chars, body.model)
@@ -115,8 +114,8 @@ async def completions(body: CompletionCreate, state: StateDep, tenant: TenantDep
 
 @router.post("/chat/completions", responses=SYNC_ERRORS)
 async def chat_completions(body: ChatCompletionCreate, state: StateDep, tenant: TenantDep) -> Any:
-    def plans(model: ModelInfo) -> list[PlannedJob]:
-        return [chat_job(body, served_catalog(state), model, Priority.INTERACTIVE)]
+    def plans(target: Target, model: ModelInfo) -> list[PlannedJob]:
+        return [chat_job(body, target, model, Priority.INTERACTIVE)]
 
     chars = sum(len(m.content or "") + 64 for m in body.messages)
     jobs, name = await _submit(state, tenant, plans, chars, body.model)

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tide_fleet.gateway.deps import GatewayState, StateDep, TenantDep
 from tide_fleet.gateway.routes.jobs import ERRORS
-from tide_fleet.gateway.served import pick
+from tide_fleet.gateway.served import pick_target
 from tide_fleet.gateway.submit import INLINE_MAX_CHARS, http_error
 from tide_fleet.infra.jobs.errors import SubmissionError
 from tide_fleet.infra.jobs.fields import NonEmptyText, Text
@@ -52,8 +52,9 @@ class DetokenizeCreate(BaseModel):
     tokens: list[Annotated[int, Field(ge=0, strict=True)]] = Field(description="token ids")
 
 
-def _model(state: GatewayState, requested: str | None) -> ModelInfo:
-    return pick(state, requested)[1]  # the model it names; 404 model_not_found else
+async def _model(state: GatewayState, requested: str | None) -> ModelInfo:
+    # The model it names (an adapter: its parent's tokenizer); 404 model_not_found else.
+    return (await pick_target(state, requested))[1]
 
 
 def _tokenize(model: ModelInfo, body: TokenizeCreate) -> list[int]:
@@ -68,7 +69,7 @@ def _tokenize(model: ModelInfo, body: TokenizeCreate) -> list[int]:
 
 @router.post("/tokenize", responses=ERRORS)
 async def tokenize(body: TokenizeCreate, state: StateDep, tenant: TenantDep) -> dict[str, Any]:
-    model = _model(state, body.model)
+    model = await _model(state, body.model)
     chars = len(body.prompt or "") + sum(len(m.content or "") for m in body.messages or [])
     try:
         if chars <= INLINE_MAX_CHARS:
@@ -84,7 +85,7 @@ async def tokenize(body: TokenizeCreate, state: StateDep, tenant: TenantDep) -> 
 
 @router.post("/detokenize", responses=ERRORS)
 async def detokenize(body: DetokenizeCreate, state: StateDep, tenant: TenantDep) -> dict[str, Any]:
-    model = _model(state, body.model)
+    model = await _model(state, body.model)
     try:
         check_token_ids(body.tokens, model.tokenizer.vocab_size, "tokens")
     except SubmissionError as e:

@@ -4,7 +4,8 @@ The file is checked whole before any job is written: a file-level problem (bad J
 missing or repeated custom_id, the wrong method or URL, a model not served or lines naming
 different models: one model per file, infra/batches/one_model.py) fails the batch with the
 lines named. Fan-out then writes one job per line at batch priority, for the batch's model
-(its tokenizer, bucket rules and queues); a line whose body is refused (a bad field, too
+(its tokenizer, bucket rules and queues; a LoRA adapter's: its parent's, the adapter named
+in each job's ``lora``); a line whose body is refused (a bad field, too
 long a prompt) gets a refusal in the line table instead. Each line's job has an
 idempotency key, so a task that runs twice (a Celery restart, acks_late) never duplicates
 a line.
@@ -19,6 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import redis
 from pydantic import ValidationError
 
 from tide_fleet.infra.batches.one_model import OneModel
@@ -29,7 +31,8 @@ from tide_fleet.infra.jobs.files import FileStore
 from tide_fleet.infra.jobs.openai_request import PlannedJob, chat_job, completion_jobs
 from tide_fleet.infra.jobs.schemas import ChatCompletionCreate, CompletionCreate
 from tide_fleet.infra.jobs.submission import ModelInfo, SubmissionError, build_job
-from tide_fleet.infra.wire.models import ModelCatalog, ServedModel, catalog
+from tide_fleet.infra.jobs.targets import Target
+from tide_fleet.infra.wire.models import ModelCatalog, catalog
 from tide_fleet.infra.wire.protocol import Keys, Priority
 
 ENDPOINTS: dict[str, type[CompletionCreate] | type[ChatCompletionCreate]] = {
@@ -56,19 +59,21 @@ def _lines(files: FileStore, file: dict[str, str]) -> Iterator[tuple[int, bytes]
 @dataclass
 class FileCheck:
     """A file's problems (each names its line; none: the file is good) and, for a good
-    file, the model its lines name."""
+    file, the model (or LoRA adapter) its lines name."""
 
     errors: list[dict[str, Any]] = field(default_factory=list)
-    model: ServedModel | None = None
+    model: Target | None = None
 
 
 def check_envelopes(
-    files: FileStore, file: dict[str, str], endpoint: str, max_lines: int, models: ModelCatalog
-) -> FileCheck:
-    """File-level problems, each naming its line, and the batch's model (one per file)."""
+    files: FileStore, file: dict[str, str], endpoint: str, max_lines: int, models: ModelCatalog,
+    client: redis.Redis | None = None,
+) -> FileCheck:  # fmt: skip
+    """File-level problems, each naming its line, and the batch's model (one per file;
+    `client`: where adapters loaded at run time are looked up, None: declared ones only)."""
     errors: list[dict[str, Any]] = []
     seen: set[str] = set()
-    one = OneModel(models)
+    one = OneModel(models, client)
     count = 0
 
     def err(n: int, code: str, message: str, param: str | None = None) -> None:
@@ -120,7 +125,7 @@ def check_envelopes(
 
 
 def plan_line(
-    endpoint: str, body: dict[str, Any], info: ModelInfo, served: str | ModelCatalog
+    endpoint: str, body: dict[str, Any], info: ModelInfo, served: str | ModelCatalog | Target
 ) -> PlannedJob:
     """A line's body, validated as the endpoint validates it, as one job (`served`: the
     models its ``model`` may name). A completions line with several prompts is refused: the
@@ -159,13 +164,14 @@ def _cancelling(batch_id: str) -> bool:
     return status == b"cancelling"
 
 
-def fan_out(batch: dict[str, str], file: dict[str, str], served: ServedModel) -> int:
-    """One job per line at batch priority for the batch's model `served` (its tokenizer and
-    queues), written in pipelines of FANOUT_CHUNK lines; returns the count of lines written.
-    A cancel stops it between pipelines: the lines after those written get no job."""
+def fan_out(batch: dict[str, str], file: dict[str, str], target: Target) -> int:
+    """One job per line at batch priority for the batch's model `target` (its served
+    model's tokenizer and queues; a LoRA adapter named in each job), written in pipelines of
+    FANOUT_CHUNK lines; returns the count of lines written. A cancel stops it between
+    pipelines: the lines after those written get no job."""
     h = handles()
     settings, client, jobs = h.settings, h.client, h.jobs
-    models = catalog(settings)
+    served = target.served
     info = _model(served.path)
     batch_id, tenant, endpoint = batch["id"], batch["tenant"], batch["endpoint"]
     lines_key = Keys.batch_lines(batch_id)
@@ -193,13 +199,13 @@ def fan_out(batch: dict[str, str], file: dict[str, str], served: ServedModel) ->
         obj = json.loads(raw)
         custom_id = obj["custom_id"]
         try:
-            plan = plan_line(endpoint, obj["body"], info, models)
+            plan = plan_line(endpoint, obj["body"], info, target)
             job = build_job(
                 settings, info, tenant, plan.body,
                 idempotency_key=f"batch:{batch_id}:{index}", priority=Priority.BATCH,
                 extra_fields={"batch_id": batch_id, "batch_line": index, "custom_id": custom_id,
                               **plan.fields},
-                tools=plan.tools, served=served, deadline=window_end,
+                tools=plan.tools, served=served, deadline=window_end, lora=target.adapter,
             )  # fmt: skip
             job.max_active = job.max_queue_length = job.max_rate = NO_LIMIT
             pending.append((index, job))
@@ -230,8 +236,9 @@ def validate_batch(batch_id: str) -> str:
         ])  # fmt: skip
     else:
         check = check_envelopes(
-            h.files, file, batch["endpoint"], h.settings.file_max_lines, catalog(h.settings)
-        )
+            h.files, file, batch["endpoint"], h.settings.file_max_lines, catalog(h.settings),
+            h.client,
+        )  # fmt: skip
     if check.errors or check.model is None:
         batches.transition(
             batch_id, ["validating"], status="failed", failed_at=time.time(), errors=check.errors

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tide_fleet.infra.doctor.adapters import adapter_views, render_adapters
 from tide_fleet.infra.doctor.queues import scraped_by_model
 from tide_fleet.infra.doctor.rules import Finding, diagnose
 from tide_fleet.infra.doctor.snapshot import Snapshot
@@ -58,6 +59,7 @@ def render(findings: list[Finding], before: Snapshot, after: Snapshot, interval:
         lines.append(f"[{f.rule}] {f.title} ({f.subject})")
         lines.append("  evidence: " + "; ".join(f"{k} = {_show(v)}" for k, v in f.evidence.items()))
         lines.append(f"  knob: {f.knob}")
+    lines += render_adapters(after)  # which adapters the work is for, and where they are
     return "\n".join(lines)
 
 
@@ -113,6 +115,7 @@ def _json_body(
         "controller": after is not None and after.controller is not None,
         "workers": sorted(after.workers) if after is not None else [],
         "models": scraped_by_model(after) if after is not None else {},
+        "adapters": [v.to_dict() for v in adapter_views(after)] if after is not None else [],
         "errors": errors,
         "findings": [f.to_dict() for f in findings],
     }

@@ -5,8 +5,11 @@ the model, the others are ``EngineConfig`` fields. From the table come the argpa
 arguments of ``tide generate``, ``worker``, ``up`` and ``controller``, the keywords for
 ``from_pretrained``, and the argv with which ``tide up`` and ``tide controller`` pass their
 flags on to every ``tide worker`` they start. The defaults repeat those of the engine
-(tests/infra/cli/test_engine_flags.py holds them equal): importing the engine here would
-load torch for every ``tide`` command.
+(tests/infra/cli/test_engine_flags.py holds them equal), but for the LoRA flags: a served
+engine keeps ``--max-loras`` 4 slots (the engine alone: none), and ``--max-lora-rank`` left
+unset is the largest rank of the adapters its model declares, at least 16 (``tide worker``
+reads them: infra/fleet/fleet_adapters.py). Importing the engine here would load torch for
+every ``tide`` command.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from tide_fleet.infra.cli.lora_options import lora_rank
 from tide_fleet.infra.cli.option_types import SIZE_HELP, byte_size, dtype_help, dtype_option
 
 ENGINE_DTYPES = ("float32", "bfloat16", "float16")
@@ -90,6 +94,13 @@ ENGINE_FLAGS: tuple[EngineFlag, ...] = (
     EngineFlag("batching", "batching", "continuous", choices=("continuous", "static"),
                help="static: admit only into an empty engine, run each batch to completion "
                "(baseline)"),
+    EngineFlag("max_loras", "max_loras", 4, type=int, metavar="N",
+               help="LoRA adapters one step may run at once (device slots; 0: none served)"),
+    EngineFlag("max_cpu_loras", "max_cpu_loras", None, type=int, metavar="N",
+               help="LoRA adapters kept in host memory (default: as many as --max-loras)"),
+    EngineFlag("max_lora_rank", "max_lora_rank", None, type=lora_rank, metavar="R",
+               help="the largest LoRA rank a slot holds, up to 64 (default: the largest "
+               "rank of the adapters its model declares, at least 16)"),
 )
 # fmt: on
 

@@ -13,6 +13,7 @@ import threading
 from typing import Any
 
 from tide_fleet.infra.cli.engine_flags import add_engine_flags, engine_kwargs, worker_argv
+from tide_fleet.infra.cli.lora_options import add_lora_option
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -28,6 +29,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="HF folder or dummy:PRESET (default: settings); repeat it to serve several "
         "models, each with its own pool (the first is the default; NAME=PATH names one)",
     )  # fmt: skip
+    add_lora_option(up)
     up.add_argument("--workers", type=int, default=1, help="fixed pool size (min = max)")
     up.add_argument("--min-workers", type=int, default=None, help="autoscale from this (e.g. 0)")
     up.add_argument("--max-workers", type=int, default=None, help="autoscale up to this")
@@ -103,6 +105,7 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 def cmd_worker(args: argparse.Namespace) -> int:
     from tide_fleet.infra.fleet.aws_lifecycle import LifecycleWatcher
+    from tide_fleet.infra.fleet.fleet_adapters import slot_rank
     from tide_fleet.infra.settings import get_settings
     from tide_fleet.infra.wire.models import catalog
     from tide_fleet.worker.engine import LLMEngine
@@ -110,6 +113,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     settings = get_settings()
     served = catalog(settings).for_worker(args.served_model, args.model)
+    if args.max_lora_rank is None:  # the largest rank its model's adapters declare
+        args.max_lora_rank = slot_rank(served, settings.cache_dir)
     engine = LLMEngine.from_pretrained(served.path, **engine_kwargs(args))
     buckets = [b.strip() for b in args.buckets.split(",") if b.strip()]
     service = WorkerService(engine, settings, args.pool, buckets, worker_id=args.worker_id,
@@ -152,7 +157,7 @@ def cmd_controller(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    if len(fleet.model_keys()) > 1:  # its workers learn the served models
+    if fleet.needs_served_models():  # its workers learn the served models and adapters
         settings = settings.model_copy(
             update={"served_models": fleet.served_models(settings.model)}
         )

@@ -39,6 +39,11 @@ def cache_dir() -> Path:
     return get_settings().cache_dir
 
 
+def adapter_cache_dir() -> Path | None:
+    """Where s3:// adapters are fetched to (None without Tide's settings: folders only)."""
+    return get_settings().cache_dir if HAS_SETTINGS else None
+
+
 def parse_dummy(model: str) -> tuple[str, int] | None:
     """(preset, seed) for a ``dummy:`` name, else None."""
     if not model.startswith("dummy:"):

@@ -20,6 +20,7 @@ import redis
 from tide_fleet.infra.doctor.scrape import Scrape
 from tide_fleet.infra.doctor.snapshot import Snapshot
 from tide_fleet.infra.settings import REDIS_URL_FILE, get_settings
+from tide_fleet.infra.wire.backlog import adapter_backlog
 from tide_fleet.infra.wire.heartbeats import Heartbeat, read_heartbeats
 from tide_fleet.infra.wire.protocol import Keys
 
@@ -35,15 +36,17 @@ def local_fleet_redis_url() -> str | None:
     return path.read_text().strip() if path.is_file() else None
 
 
-def discover(redis_url: str) -> tuple[str, dict[str, Heartbeat]]:
-    """The controller's metrics URL ('' if none) and each live worker's heartbeat."""
+def discover(redis_url: str) -> tuple[str, dict[str, Heartbeat], dict[str, int]]:
+    """The controller's metrics URL ('' if none), each live worker's heartbeat, and the
+    queued jobs per LoRA adapter."""
     client = redis.Redis.from_url(redis_url)
     try:
         controller = cast(bytes | None, client.hget(Keys.controller, "metrics_url")) or b""
         beats = read_heartbeats(client)
+        adapters = adapter_backlog(client)
     finally:
         client.close()
-    return controller.decode(), beats
+    return controller.decode(), beats, adapters
 
 
 def scrape_all(targets: dict[str, str], timeout: float) -> tuple[dict[str, str], list[str]]:
@@ -60,9 +63,13 @@ def scrape_all(targets: dict[str, str], timeout: float) -> tuple[dict[str, str],
     return texts, errors
 
 
-def snapshot(texts: dict[str, str], beats: dict[str, Heartbeat], at: float) -> Snapshot:
-    """Targets are named `gateway`, `controller` and `worker:<id>`."""
-    snap = Snapshot(at=at, worker_info=beats)
+def snapshot(
+    texts: dict[str, str], beats: dict[str, Heartbeat], at: float,
+    adapters: dict[str, int] | None = None,
+) -> Snapshot:  # fmt: skip
+    """Targets are named `gateway`, `controller` and `worker:<id>`; `adapters`: queued jobs
+    per LoRA adapter."""
+    snap = Snapshot(at=at, worker_info=beats, adapter_queue=dict(adapters or {}))
     for name, text in texts.items():
         scrape = Scrape.parse(text)
         if name == "gateway":
@@ -97,9 +104,10 @@ def collect(
     redis_url = redis_url or get_settings().redis_url or local_fleet_redis_url()
     controller = ""
     beats: dict[str, Heartbeat] = {}
+    adapters: dict[str, int] = {}
     if redis_url:
         try:
-            controller, beats = discover(redis_url)
+            controller, beats, adapters = discover(redis_url)
         except Exception as e:  # any Redis trouble: diagnose what the gateway shows
             errors.append(f"redis: cannot read {redis_url}: {type(e).__name__}: {e}")
     else:
@@ -118,9 +126,10 @@ def collect(
         errors.extend(e for e in phase_errors if e not in errors)
     if save_to is not None:
         workers = {w: beat.to_hash() for w, beat in beats.items()}
-        meta = {"interval_s": interval, "at": ats, "workers": workers, "errors": errors}
+        meta = {"interval_s": interval, "at": ats, "workers": workers, "errors": errors,
+                "adapter_queue": adapters}  # fmt: skip
         save(save_to, texts, meta)
-    before, after = (snapshot(t, beats, at) for t, at in zip(texts, ats, strict=True))
+    before, after = (snapshot(t, beats, at, adapters) for t, at in zip(texts, ats, strict=True))
     return before, after, errors
 
 
@@ -132,8 +141,8 @@ def _file(name: str) -> str:
 
 
 def save(folder: Path, texts: list[dict[str, str]], meta: dict[str, Any]) -> None:
-    """A recording: meta.json (interval_s, at, the workers' heartbeat hashes) and one
-    exposition file per target under before/ and after/."""
+    """A recording: meta.json (interval_s, at, the workers' heartbeat hashes, queued jobs
+    per adapter) and one exposition file per target under before/ and after/."""
     for phase, phase_texts in zip(PHASES, texts, strict=True):
         (folder / phase).mkdir(parents=True, exist_ok=True)
         for name, text in phase_texts.items():
@@ -151,11 +160,12 @@ def load(folder: Path) -> tuple[Snapshot, Snapshot, float]:
     if interval <= 0:
         raise ValueError(f"--load: {meta_path}: interval_s must be positive, got {interval}")
     beats = {w: Heartbeat.from_hash(h, w) for w, h in meta.get("workers", {}).items()}
+    adapters = {str(k): int(v) for k, v in meta.get("adapter_queue", {}).items()}
     snaps = []
     for i, phase in enumerate(PHASES):
         texts = {}
         for path in sorted((folder / phase).glob("*.prom")):
             texts[path.stem.replace("@", ":")] = path.read_text()
         at = float(meta.get("at", [0.0, interval])[i])
-        snaps.append(snapshot(texts, beats, at))
+        snaps.append(snapshot(texts, beats, at, adapters))
     return snaps[0], snaps[1], interval

@@ -17,13 +17,15 @@ from tide_fleet.infra.wire.heartbeats import Heartbeat
 
 @dataclass
 class Snapshot:
-    """Everything read at one moment. worker_info: each worker's heartbeat, by worker id."""
+    """Everything read at one moment. worker_info: each worker's heartbeat, by worker id;
+    adapter_queue: queued jobs per LoRA adapter (Redis, infra/wire/backlog.py)."""
 
     at: float = 0.0
     gateway: Scrape | None = None
     controller: Scrape | None = None
     workers: dict[str, Scrape] = field(default_factory=dict)
     worker_info: dict[str, Heartbeat] = field(default_factory=dict)
+    adapter_queue: dict[str, int] = field(default_factory=dict)
 
 
 def counter_increase(before: float | None, after: float | None) -> float:

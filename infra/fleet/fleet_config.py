@@ -42,6 +42,8 @@ override the settings' thresholds::
     buckets = ["short", "medium", "long"]
     bucket_short_max = 256
     min_workers = 0
+
+A pool's ``lora`` table declares LoRA adapters on its model (infra/fleet/fleet_adapters.py).
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from tide_fleet.infra.fleet.fleet_adapters import check_lora_table, merge_lora
 from tide_fleet.infra.plan.devices import get_device
 from tide_fleet.infra.wire.models import ModelCatalog, served
 from tide_fleet.infra.wire.protocol import BUCKETS
@@ -85,6 +88,9 @@ class PoolConfig(BaseModel):
     bucket_short_max: int | None = Field(None, gt=0, description="this model's short bucket")
     bucket_medium_max: int | None = Field(None, gt=0, description="this model's medium bucket")
     worker_args: list[str] = Field(default_factory=list, description="extra `tide worker` flags")
+    lora: dict[str, str] = Field(
+        default_factory=dict, description="LoRA adapters on its model: name -> folder or s3://"
+    )
     # AWS only.
     spot: bool = Field(False, description="capacity-optimized spot through a mixed policy")
     on_demand_base: int = Field(0, ge=0, description="on-demand instances before spot")
@@ -103,6 +109,11 @@ class PoolConfig(BaseModel):
         if len(set(v)) != len(v):
             raise ValueError(f"buckets listed twice: {v}")
         return v
+
+    @field_validator("lora")
+    @classmethod
+    def _lora_names(cls, v: dict[str, str]) -> dict[str, str]:
+        return check_lora_table(v)
 
     @field_validator("device")
     @classmethod
@@ -190,7 +201,15 @@ class FleetConfig(BaseModel):
             if missing:
                 of = f" of model {key!r}" if len(paths) > 1 else ""
                 raise ValueError(f"no pool{of} serves bucket(s) {', '.join(missing)}")
+        self.lora_tables()
         return self
+
+    def lora_tables(self) -> dict[str, dict[str, str]]:
+        """Each model's LoRA adapters (name -> path), by model key; ValueError names a
+        clash (infra/fleet/fleet_adapters.py)."""
+        pools = self.pools.values()
+        taken = {n for p in pools for n in (model_key(p), *p.aliases) if n}
+        return merge_lora(((p.name, model_key(p), p.lora) for p in pools), taken)
 
     def model_keys(self) -> list[str]:
         """The served models, by pool name key (see model_key), the default first."""
@@ -214,10 +233,16 @@ class FleetConfig(BaseModel):
         key = model_key(self.pools[pool])
         return [b for b in BUCKETS if self.home_pool(b, key).name == pool]
 
+    def needs_served_models(self) -> bool:
+        """Whether its processes must be told the served models (TIDE_SERVED_MODELS): more
+        than one, or LoRA adapters on them."""
+        return len(self.model_keys()) > 1 or any(self.lora_tables().values())
+
     def served_models(self, default_path: str) -> list[dict[str, Any]]:
         """TIDE_SERVED_MODELS for this fleet (infra/wire/models.py), the default first; a
         pool naming no model serves `default_path` (the settings' model)."""
         out = []
+        lora = self.lora_tables()
         for key in self.model_keys():
             pools = [p for p in self.pools.values() if model_key(p) == key]
             path = next((p.model for p in pools if p.model), default_path)
@@ -228,6 +253,7 @@ class FleetConfig(BaseModel):
                                           if p.bucket_short_max), None),
                 "bucket_medium_max": next((p.bucket_medium_max for p in pools
                                            if p.bucket_medium_max), None),
+                **({"lora": lora[key]} if lora.get(key) else {}),
             })  # fmt: skip
         return out
 
@@ -271,38 +297,6 @@ def load_fleet(path: str | Path) -> FleetConfig:
     except tomllib.TOMLDecodeError as e:
         raise ValueError(f"{p}: not valid TOML: {e}") from None
     return parse_fleet(data, str(p))
-
-
-def local_default_fleet(
-    min_workers: int = 1, max_workers: int | None = None, models: list[str] | None = None
-) -> FleetConfig:
-    """What `tide up` runs without a fleet file: one CPU pool serving every bucket
-    (min = max unless max_workers is given); bad sizes raise ValueError naming them. With
-    two or more `models` (``PATH`` or ``NAME=PATH``, the first the default), one such pool
-    per model, named after it."""
-    pool = {
-        "buckets": list(BUCKETS),
-        "device": "cpu",
-        "min_workers": min_workers,
-        "max_workers": max(min_workers, 1) if max_workers is None else max_workers,
-        "idle_s": 60.0,
-        "cold_start_s": 5.0,
-    }
-    pools: dict[str, dict[str, Any]] = {"default": pool}
-    if models is not None and len(models) > 1:
-        pools = {}
-        for spec in models:
-            name, path = split_model_spec(spec)
-            key = "".join(c if c.isalnum() or c in "-_" else "-" for c in name)[-40:].strip("-")
-            while not key or key in pools:
-                key = f"{key or 'model'}-{len(pools) + 1}"
-            pools[key] = {**pool, "model": path, "served_name": name}
-    return parse_fleet(
-        {
-            "controller": {"poll_interval_s": 1.0, "scale_in_cooldown_s": 10.0},
-            "pools": pools,
-        }
-    )
 
 
 def split_model_spec(spec: str) -> tuple[str, str]:

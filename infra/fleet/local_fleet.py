@@ -1,4 +1,10 @@
-"""``tide up``: the embedded fleet as supervised child processes, stopped cleanly on Ctrl-C."""
+"""``tide up``: the embedded fleet as supervised child processes, stopped cleanly on Ctrl-C.
+
+Without a fleet file, ``tide up`` runs ``local_default_fleet``: one CPU pool per model of its
+``--model`` flags, each with the LoRA adapters its ``--lora NAME=PATH`` flags declare (a
+``--lora`` belongs to the ``--model`` before it; before any, to the first). Declared adapters
+are checked against their base before anything starts (infra/fleet/fleet_adapters.py).
+"""
 
 from __future__ import annotations
 
@@ -10,16 +16,25 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import httpx
 
 from tide_fleet.infra.fleet.controller import Controller
-from tide_fleet.infra.fleet.fleet_config import FleetConfig, load_fleet, local_default_fleet
+from tide_fleet.infra.fleet.fleet_adapters import check_declared
+from tide_fleet.infra.fleet.fleet_config import (
+    FleetConfig,
+    load_fleet,
+    parse_fleet,
+    split_model_spec,
+)
 from tide_fleet.infra.fleet.local_actuator import LocalActuator
 from tide_fleet.infra.fleet.redis_server import EmbeddedRedis
 from tide_fleet.infra.fleet.supervisor import Supervisor, ThreadProc, spawn
 from tide_fleet.infra.jobs.celery_app import use_broker
 from tide_fleet.infra.settings import REDIS_URL_FILE, Settings, child_env, use_settings
+from tide_fleet.infra.wire.models import catalog
+from tide_fleet.infra.wire.protocol import BUCKETS
 
 CELERY_APP = "tide_fleet.infra.jobs.celery_app:celery_app"
 
@@ -42,18 +57,21 @@ class LocalFleet:
         self.redis: EmbeddedRedis | None = None
         self.stop = threading.Event()
         self.supervisor = Supervisor()
+        self.adapter_ranks: dict[str, int] = {}  # declared adapters, checked at start
 
     @staticmethod
     def _spawner(argv: list[str], env: dict[str, str]) -> Callable[[], subprocess.Popen[bytes]]:
         return functools.partial(spawn, argv, env)
 
     def run(self) -> int:
-        a, settings = self.args, self.settings
+        a = self.args
         signal.signal(signal.SIGTERM, lambda *_: self.stop.set())
         # Started with SIGINT ignored (`tide up &` from a shell without job control), Python
         # installs no KeyboardInterrupt handler and Ctrl-C's signal would be dropped.
         signal.signal(signal.SIGINT, signal.default_int_handler)
         sup = self.supervisor
+        fleet = self.prepare()
+        settings = self.settings
         try:
             if not settings.redis_url:
                 self.redis = EmbeddedRedis(settings.data_dir / "redis")
@@ -65,12 +83,6 @@ class LocalFleet:
                 self.settings = settings
             # The reaper and batch supervisor run in this process: they, and the Celery tasks
             # they send, use this fleet's settings; the children get them in their env.
-            fleet = self._fleet_config()
-            if len(fleet.model_keys()) > 1:  # every process learns the served models
-                settings = settings.model_copy(
-                    update={"served_models": fleet.served_models(settings.model)}
-                )
-                self.settings = settings
             use_settings(settings)
             use_broker(settings.redis_url)
             env = child_env(settings)
@@ -102,21 +114,50 @@ class LocalFleet:
             self.shutdown()
         return 1 if sup.gave_up else 0
 
+    def prepare(self) -> FleetConfig:
+        """The fleet to run, its served models in the settings, and its declared adapters
+        checked: before anything starts. SystemExit names what is wrong, on one line."""
+        fleet = self._fleet_config()
+        if fleet.needs_served_models():  # every process learns the served models
+            self.settings = self.settings.model_copy(
+                update={"served_models": fleet.served_models(self.settings.model)}
+            )
+        self._check_adapters(self.settings)
+        return fleet
+
     def _fleet_config(self) -> FleetConfig:
         a = self.args
         try:
             if a.fleet:
+                if getattr(a, "lora", None):
+                    raise ValueError(
+                        "--lora: with --fleet, declare adapters in the fleet file (a pool's "
+                        "lora table)"
+                    )
                 return load_fleet(a.fleet)
             models = a.model if len(a.model or []) > 1 else None
+            lora = lora_tables(getattr(a, "lora", None) or [], len(a.model or []))
             if a.min_workers is None and a.max_workers is None:
-                return local_default_fleet(a.workers, models=models)
+                return local_default_fleet(a.workers, models=models, lora=lora)
             low = a.min_workers if a.min_workers is not None else 0
             high = a.max_workers if a.max_workers is not None else max(a.workers, 1)
             if high < 1:
                 raise ValueError(f"--max-workers must be at least 1, got {high}")
-            return local_default_fleet(low, high, models=models)
+            return local_default_fleet(low, high, models=models, lora=lora)
         except ValueError as e:  # names the field and the limit
             raise SystemExit(f"tide up: {e}") from None
+
+    def _check_adapters(self, settings: Settings) -> None:
+        """Each declared adapter read against its base; a mismatch stops `tide up`, naming
+        the adapter and the mismatch on one line."""
+        try:
+            specs, unchecked = check_declared(catalog(settings), settings.cache_dir)
+        except ValueError as e:  # an AdapterError: the adapter, its model, the mismatch
+            raise SystemExit(f"tide up: {' '.join(str(e).split())}") from None
+        self.adapter_ranks = {name: spec.rank for name, spec in specs.items()}
+        if unchecked:
+            print(f"tide up: adapters {', '.join(unchecked)} are checked by their workers "
+                  "(their base's config is not on this machine)", flush=True)  # fmt: skip
 
     def _banner(self, url: str, settings: Settings) -> None:
         model = settings.model
@@ -133,6 +174,10 @@ class LocalFleet:
             f"  redis    {settings.redis_url}" + ("   (embedded, AOF)" if self.redis else ""),
             f'  try      tide submit "Once upon a time" --wait --url {url}',
         ]
+        adapters = [f"{a} on {m.name} (rank {self.adapter_ranks.get(a, '?')})"
+                    for m in catalog(settings).models for a, _ in m.adapters]  # fmt: skip
+        if adapters:
+            lines.insert(2, f"  lora     {', '.join(adapters)}")
         if model.startswith("dummy:"):
             lines.append(f"  note     {model} has random weights: its text is meaningless")
         lines.append("Ctrl-C stops everything.")
@@ -146,6 +191,53 @@ class LocalFleet:
         if self.redis is not None:
             self.redis.stop()
             (self.settings.data_dir / REDIS_URL_FILE).unlink(missing_ok=True)
+
+
+def local_default_fleet(
+    min_workers: int = 1, max_workers: int | None = None, models: list[str] | None = None,
+    lora: list[dict[str, str]] | None = None,
+) -> FleetConfig:  # fmt: skip
+    """What `tide up` runs without a fleet file: one CPU pool serving every bucket
+    (min = max unless max_workers is given); bad sizes raise ValueError naming them. With
+    two or more `models` (``PATH`` or ``NAME=PATH``, the first the default), one such pool
+    per model, named after it. `lora`: each model's LoRA adapters, in the order of `models`
+    (one model: the first table)."""
+    tables = lora or []
+    pool = {
+        "buckets": list(BUCKETS),
+        "device": "cpu",
+        "min_workers": min_workers,
+        "max_workers": max(min_workers, 1) if max_workers is None else max_workers,
+        "idle_s": 60.0,
+        "cold_start_s": 5.0,
+    }
+    pools: dict[str, dict[str, Any]] = {"default": pool | {"lora": tables[0] if tables else {}}}
+    if models is not None and len(models) > 1:
+        pools = {}
+        for i, spec in enumerate(models):
+            name, path = split_model_spec(spec)
+            key = "".join(c if c.isalnum() or c in "-_" else "-" for c in name)[-40:].strip("-")
+            while not key or key in pools:
+                key = f"{key or 'model'}-{len(pools) + 1}"
+            lora_i = tables[i] if i < len(tables) else {}
+            pools[key] = {**pool, "model": path, "served_name": name, "lora": lora_i}
+    return parse_fleet(
+        {
+            "controller": {"poll_interval_s": 1.0, "scale_in_cooldown_s": 10.0},
+            "pools": pools,
+        }
+    )
+
+
+def lora_tables(declared: list[tuple[int, str, str]], num_models: int) -> list[dict[str, str]]:
+    """`tide up --lora`: (model index, name, path) each, as one table per model; ValueError
+    for a name given twice."""
+    tables: list[dict[str, str]] = [{} for _ in range(max(num_models, 1))]
+    for i, name, path in declared:
+        if any(name in t for t in tables):
+            raise ValueError(f"--lora {name}: the name is given twice")
+        tables[min(i, len(tables) - 1)][name] = path
+    return tables
 
 
 def celery_argv() -> list[str]:

@@ -24,6 +24,7 @@ from tide_fleet.infra.jobs.schemas import (
     OpenAIFields,
 )
 from tide_fleet.infra.jobs.submission import ModelInfo
+from tide_fleet.infra.jobs.targets import Target
 from tide_fleet.infra.wire.models import ModelCatalog
 from tide_fleet.infra.wire.protocol import Priority
 
@@ -38,13 +39,16 @@ class PlannedJob:
     tools: list[dict[str, Any]] | None = None  # OpenAI's form, for the chat template
 
 
-def check_model(requested: str | None, served: str | ModelCatalog) -> None:
+def check_model(requested: str | None, served: str | ModelCatalog | Target) -> None:
     """404 model_not_found unless `requested` (None: the default) is a served model's name
-    or alias (`served`: the catalog, or the one name a one-model fleet serves)."""
-    names = [served] if isinstance(served, str) else served.names()
-    known = requested is None or (
-        requested == served if isinstance(served, str) else served.resolve(requested) is not None
-    )
+    or alias (`served`: the catalog, or the one name a one-model fleet serves), or names the
+    target the request was resolved to (`served`: a Target; an adapter's name included)."""
+    if isinstance(served, Target):
+        known, names = served.answers_to(requested), [served.name]
+    elif isinstance(served, str):
+        known, names = requested is None or requested == served, [served]
+    else:
+        known, names = requested is None or served.resolve(requested) is not None, served.names()
     if not known:
         listed = ", ".join(repr(n) for n in names)
         raise SubmissionError(
@@ -53,7 +57,7 @@ def check_model(requested: str | None, served: str | ModelCatalog) -> None:
         )  # fmt: skip
 
 
-def _common(req: OpenAIFields, served: str | ModelCatalog) -> dict[str, Any]:
+def _common(req: OpenAIFields, served: str | ModelCatalog | Target) -> dict[str, Any]:
     """Checks every OpenAI body needs; the record fields it asks to keep."""
     check_model(req.model, served)
     if req.stream_options is not None and not req.stream:
@@ -65,7 +69,7 @@ def _common(req: OpenAIFields, served: str | ModelCatalog) -> dict[str, Any]:
 
 
 def completion_jobs(
-    req: CompletionCreate, served: str | ModelCatalog, info: ModelInfo, priority: Priority
+    req: CompletionCreate, served: str | ModelCatalog | Target, info: ModelInfo, priority: Priority
 ) -> list[PlannedJob]:
     recorded = _common(req, served)
     prompts = req.prompts()
@@ -130,7 +134,10 @@ def _tool_plan(req: ChatCompletionCreate, info: ModelInfo) -> tuple[Any, Any]:
 
 
 def chat_job(
-    req: ChatCompletionCreate, served: str | ModelCatalog, info: ModelInfo, priority: Priority
+    req: ChatCompletionCreate,
+    served: str | ModelCatalog | Target,
+    info: ModelInfo,
+    priority: Priority,
 ) -> PlannedJob:
     fields = _common(req, served)
     given = req.model_fields_set

@@ -23,6 +23,7 @@ class JobAccepted(BaseModel):
     deadline: float | None = None
     ttl: float | None = None
     expires_at: float | None = None
+    model: str | None = None  # what runs it: a served model's name, or a LoRA adapter's
 
 
 class JobResult(BaseModel):
@@ -64,6 +65,7 @@ class JobPublic(BaseModel):
     created_at: float
     result: JobResult | None = None
     choices: list[JobChoice] | None = None  # when n > 1 or logprobs were asked
+    model: str | None = None  # what runs it: a served model's name, or a LoRA adapter's
     usage: JobUsage
     timings: JobTimings
     attempts: int
@@ -133,6 +135,7 @@ def job_accepted(record: dict[str, str]) -> JobAccepted:
         deadline=_float(record, "deadline"),
         ttl=_float(record, "ttl"),
         expires_at=_float(record, "expire_at"),
+        model=record.get("model") or None,
     )
 
 
@@ -162,6 +165,7 @@ def job_public(record: dict[str, str], with_choices: bool = True) -> JobPublic:
         created_at=float(record["created_at"]),
         result=result,
         choices=_choices(record, status.is_terminal) if with_choices else None,
+        model=record.get("lora") or record.get("model") or None,
         usage=JobUsage(
             prompt_tokens=int(record.get("prompt_tokens") or 0),
             completion_tokens=int(record.get("completion_tokens") or 0),

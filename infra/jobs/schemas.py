@@ -81,7 +81,9 @@ class JobCreate(SamplingFields, TimingFields):
     priority: Priority = Priority.INTERACTIVE
     webhook: WebhookSpec | None = None
     metadata: Metadata | None = Field(None, max_length=METADATA_MAX_KEYS, description=METADATA_DOC)
-    model: Text | None = Field(None, description="a served model's name (default: the fleet's)")
+    model: Text | None = Field(
+        None, description="a served model or LoRA adapter, by name (default: the fleet's)"
+    )
 
     @field_validator("structured")
     @classmethod
@@ -131,7 +133,7 @@ def _nullable(schema: dict[str, Any]) -> None:
 
 class OpenAIFields(SamplingFields, TimingFields):
     model_config = ConfigDict(extra="forbid", json_schema_extra=_nullable)
-    model: Text | None = Field(None, description="the served model's name (or leave it out)")
+    model: Text | None = Field(None, description="a served model or LoRA adapter (or leave it out)")
     stream: bool = Field(False, strict=True)
     stream_options: StreamOptions | None = None
     user: Text | None = Field(None, max_length=256, description="recorded on the job")

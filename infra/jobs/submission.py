@@ -138,11 +138,14 @@ def build_job(
     tools: list[dict[str, Any]] | None = None,
     served: ServedModel | None = None,
     deadline: float | None = None,
+    lora: str = "",
 ) -> NewJob:
     """Everything the create script writes; raises SubmissionError for bad sizes. `tools`
     (OpenAI's form) go to the chat template with the messages. `served`: the model it is
     for (its bucket rules, queues and backlog; the record names it); None: the default
     model of a one-model fleet, as always. `deadline`: an outer one (a batch's window end).
+    `lora`: the LoRA adapter on `served` that runs the job (its name, recorded as ``lora``;
+    '': the base).
     """
     if idempotency_key is not None:
         check_idempotency_key(idempotency_key)
@@ -198,6 +201,7 @@ def build_job(
         "queued_at": now,
         "attempts": 0,
         **({"model": served.name} if served is not None else {}),
+        **({"lora": lora} if lora else {}),
         **({"backlog": backlog_field(bucket, lane)} if lane else {}),
         **share_weight(settings, tenant),
         **timing,

@@ -114,3 +114,19 @@ def deadline_backlog(client: redis.Redis, field: str) -> list[tuple[float, int]]
         text = member.decode() if isinstance(member, bytes) else str(member)
         out.append((float(deadline), int(text.rsplit(":", 1)[1])))
     return out
+
+
+def adapter_backlog(client: Any) -> dict[str, int]:
+    """LoRA adapter name -> its queued jobs (adapters with none are absent): the hash the
+    job scripts keep with the backlog. The jobs also count in their parent model's backlog."""
+    return _counts(client.hgetall(Keys.adapter_backlog))
+
+
+async def adapter_backlog_async(client: Any) -> dict[str, int]:
+    """The same with redis.asyncio (the gateway)."""
+    return _counts(await client.hgetall(Keys.adapter_backlog))
+
+
+def _counts(raw: dict[Any, Any]) -> dict[str, int]:
+    pairs = ((k.decode() if isinstance(k, bytes) else str(k), int(v)) for k, v in raw.items())
+    return {name: n for name, n in pairs if n > 0}

@@ -76,13 +76,15 @@ local function fair_push(queue, tenant, m, front, refund)
 end
 
 -- The next message of the tenant with the least counter, and that tenant (nil if none).
-local function fair_pop(queue)
+-- `pop` takes a message off the tenant's list (default: RPOP, its front).
+local function fair_pop(queue, pop)
   local tz = queue .. ':tenants'
   while true do
     local low = redis.call('ZRANGE', tz, 0, 0)
     if #low == 0 then return nil, nil end
     local list = queue .. ':t:' .. low[1]
-    local m = redis.call('RPOP', list)
+    local m
+    if pop then m = pop(list) else m = redis.call('RPOP', list) end
     if redis.call('LLEN', list) == 0 then
       redis.call('ZREM', tz, low[1])
       redis.call('HDEL', queue .. ':joined', low[1])

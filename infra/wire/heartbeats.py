@@ -46,6 +46,10 @@ class Heartbeat:
     metrics_url: str = ""
     cold_start_s: float | None = None  # process start to serving (worker/boot.py)
     at: float = 0.0  # unix time of the beat
+    # The LoRA adapters its engine holds (in host memory or a device slot), and those of
+    # them in a device slot now; empty for a worker serving none (or an older one).
+    adapters: tuple[str, ...] = ()
+    adapters_on_device: tuple[str, ...] = ()
 
     @property
     def is_busy(self) -> bool:
@@ -53,15 +57,16 @@ class Heartbeat:
 
     def to_hash(self) -> dict[str, str]:
         """The Redis hash, in the wire's one encoding (infra/wire/codec.py): numbers as their
-        repr, draining 1/0, idle_since "" while busy; buckets comma-separated."""
+        repr, draining 1/0, idle_since "" while busy; buckets and adapters comma-separated
+        (an adapter name has no comma: infra/contract/adapters.py NAME)."""
         out = {f.name: encode_value(getattr(self, f.name)) for f in fields(self)}
-        out["buckets"] = ",".join(self.buckets)
+        for name in ("buckets", "adapters", "adapters_on_device"):
+            out[name] = ",".join(getattr(self, name))
         # Fields newer than the hash's first form are left out while unset, so a worker
         # that has none writes the hash it always wrote.
-        if not self.model:
-            del out["model"]
-        if self.cold_start_s is None:
-            del out["cold_start_s"]
+        for name in ("model", "cold_start_s", "adapters", "adapters_on_device"):
+            if getattr(self, name) in ("", None, ()):
+                del out[name]
         return out
 
     @classmethod
@@ -73,7 +78,7 @@ class Heartbeat:
             worker_id=f.get("worker_id", worker_id),
             pool=f.get("pool", ""),
             model=f.get("model", ""),
-            buckets=tuple(b for b in f.get("buckets", "").split(",") if b),
+            buckets=_names(f.get("buckets", "")),
             pid=int(f.get("pid", 0)),
             host=f.get("host", ""),
             running=int(f.get("running", 0)),
@@ -89,7 +94,13 @@ class Heartbeat:
             metrics_url=f.get("metrics_url", ""),
             cold_start_s=float(f["cold_start_s"]) if "cold_start_s" in f else None,
             at=float(f.get("at", 0.0)),
+            adapters=_names(f.get("adapters", "")),
+            adapters_on_device=_names(f.get("adapters_on_device", "")),
         )
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(n for n in text.split(",") if n)
 
 
 def read_heartbeats(r: redis.Redis) -> dict[str, Heartbeat]:

@@ -20,6 +20,8 @@ from tide_fleet.infra.wire.fair_scripts import RESTORE_STRANDED as RESTORE_STRAN
 # membership changes. The field is the record's `backlog` (protocol.backlog_field: the
 # bucket for the default model, <lane>:<bucket> for another), else its bucket. A job with a
 # deadline is also in tide:deadline_backlog:<field> (member '<id>:<tokens>', score: deadline).
+# A job on a LoRA adapter (its record's `lora`) counts in tide:adapter_backlog too (adapter
+# name -> queued jobs; a name leaves the hash at 0).
 BASE_PRELUDE = """
 local function backlog_field(jobkey)
   local f = redis.call('HMGET', jobkey, 'backlog', 'bucket')
@@ -29,7 +31,7 @@ end
 
 local function backlog(jobkey, job_id, add)
   local f = redis.call('HMGET', jobkey, 'bucket', 'prompt_tokens', 'max_tokens', 'created_at',
-                       'n', 'deadline')
+                       'n', 'deadline', 'lora')
   if not f[1] then return end
   f[1] = backlog_field(jobkey)
   local z = 'tide:backlog:' .. f[1]
@@ -39,12 +41,17 @@ local function backlog(jobkey, job_id, add)
     if add then redis.call('ZADD', dz, tonumber(f[6]), member)
     else redis.call('ZREM', dz, member) end
   end
+  local lora = f[7] and f[7] ~= '' and f[7]
   if add then
     if redis.call('ZADD', z, 'NX', tonumber(f[4] or '0'), job_id) == 1 then
       redis.call('HINCRBY', 'tide:backlog_tokens', f[1], tokens)
+      if lora then redis.call('HINCRBY', 'tide:adapter_backlog', lora, 1) end
     end
   elseif redis.call('ZREM', z, job_id) == 1 then
     redis.call('HINCRBY', 'tide:backlog_tokens', f[1], 0 - tokens)  -- never -0
+    if lora and redis.call('HINCRBY', 'tide:adapter_backlog', lora, -1) <= 0 then
+      redis.call('HDEL', 'tide:adapter_backlog', lora)
+    end
   end
   return tokens
 end

@@ -27,6 +27,9 @@ class ServedModel:
     bucket_short_max: int | None = None  # None: the settings' thresholds
     bucket_medium_max: int | None = None
     default: bool = False
+    # LoRA adapters on these weights, (name, path) each: served under their own names
+    # (infra/wire/adapters.py), queued in this model's lane.
+    adapters: tuple[tuple[str, str], ...] = ()
 
     @property
     def lane(self) -> str:
@@ -44,6 +47,7 @@ class ServedModel:
             "name": self.name, "model": self.path, "aliases": list(self.aliases),
             "bucket_short_max": self.bucket_short_max,
             "bucket_medium_max": self.bucket_medium_max,
+            "lora": dict(self.adapters),
         }  # fmt: skip
 
 
@@ -53,6 +57,7 @@ class ModelCatalog:
 
     models: list[ServedModel]
     _by_name: dict[str, ServedModel] = field(init=False, repr=False)
+    _adapter_names: set[str] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         if not self.models:
@@ -60,10 +65,11 @@ class ModelCatalog:
         self._by_name = {}
         for m in self.models:
             check_lane(m.name)
-            for n in (m.name, *m.aliases):
+            for n in (m.name, *m.aliases, *(a for a, _ in m.adapters)):
                 if n in self._by_name:
                     raise ValueError(f"served models: the name {n!r} is used twice")
                 self._by_name[n] = m
+        self._adapter_names = {a for m in self.models for a, _ in m.adapters}
 
     @property
     def default(self) -> ServedModel:
@@ -72,6 +78,10 @@ class ModelCatalog:
     def resolve(self, requested: str | None) -> ServedModel | None:
         """The model a request names (None: the default); None when nothing is served so."""
         return self.default if requested is None else self._by_name.get(requested)
+
+    def is_adapter(self, requested: str | None) -> bool:
+        """Whether `requested` is a declared LoRA adapter (``resolve`` gives its parent)."""
+        return requested in self._adapter_names
 
     def runs(self, beat_model: str) -> str:
         """The served name of the model a worker's heartbeat names: an alias is its model's
@@ -111,6 +121,7 @@ def served(specs: list[dict[str, Any]], fallback_model: str) -> ModelCatalog:
             name=s.get("name") or path, path=path, aliases=tuple(s.get("aliases") or ()),
             bucket_short_max=s.get("bucket_short_max"),
             bucket_medium_max=s.get("bucket_medium_max"), default=i == 0,
+            adapters=tuple((s.get("lora") or {}).items()),
         ))  # fmt: skip
     return ModelCatalog(models)
 

@@ -206,6 +206,8 @@ class Keys:
     # ever enqueued, jobs expired unstarted (counters).
     expired_jobs = "tide:expired_jobs"
     backlog_tokens = "tide:backlog_tokens"
+    # Hash: LoRA adapter name -> its queued jobs (kept by the job scripts with the backlog).
+    adapter_backlog = "tide:adapter_backlog"
     arrived_tokens = "tide:arrived_tokens"
     arrived_jobs = "tide:arrived_jobs"
     controller = "tide:controller"  # hash: the controller's metrics_url, last decision time

@@ -62,7 +62,7 @@ def test_describe_names_what_the_code_picks_here():
             "gemv": "cpp-avx512bf16", "gemm": "onednn", "decode_attention": "cpp-avx512bf16",
             "prefill_attention": "cpp-avx512bf16", "norm": "cpp-avx512bf16",
             "rope": "cpp-avx512bf16", "activation": "cpp-avx512bf16", "kv_write": "cpp",
-            "sampling": "torch",
+            "sampling": "torch", "lora": "cpp",
         }  # fmt: skip
     bf16 = Linear(torch.randn(64, 64).to(torch.bfloat16))
     assert (bf16.gemv_weight is not None) == dispatch.is_native(table["gemv"])

@@ -87,3 +87,23 @@ def test_invariant_check_catches_a_leak():
     bm.allocate_slots(r, 3)
     with pytest.raises(AssertionError):
         bm.assert_all_free()
+
+
+def test_an_adapters_prefix_never_serves_another_adapter_or_the_base():
+    """A request's cache_salt (its LoRA adapter) roots its hash chain: the same tokens
+    under another adapter, or the base, are a miss; under the same adapter, a hit."""
+    bm = BlockManager(16, 4)
+    base = _req("base", list(range(10)))
+    _run_prefill(bm, base)
+    under_a = _req("a1", list(range(10)))
+    under_a.cache_salt = 7
+    assert _run_prefill(bm, under_a) == []
+    again_a = _req("a2", list(range(10)))
+    again_a.cache_salt = 7
+    assert [h.block_id for h in _run_prefill(bm, again_a)] == bm.get_block_table("a1")[:2]
+    under_b = _req("b1", list(range(10)))
+    under_b.cache_salt = 8
+    assert _run_prefill(bm, under_b) == []
+    assert bm.lookup_prefix(list(range(10)), record=False, salt=7)
+    assert bm.lookup_prefix(list(range(10)), record=False, salt=9) == []
+    bm.check_invariants()

@@ -120,21 +120,25 @@ class BlockManager:
 
         The last token is never served from cache (it must be recomputed to sample).
         """
-        return self.lookup_prefix(request.all_token_ids, record=record)
+        return self.lookup_prefix(request.all_token_ids, record=record, salt=request.cache_salt)
 
-    def lookup_prefix(self, token_ids: Sequence[int], record: bool = True) -> list[Block]:
+    def lookup_prefix(
+        self, token_ids: Sequence[int], record: bool = True, salt: int = _NO_PARENT
+    ) -> list[Block]:
+        """``salt`` roots the chain: a request's LoRA adapter (0 for the base), so KV
+        computed under one adapter never serves another."""
         if not self.enable_prefix_caching:
             return []
         bs = self.block_size
         hits: list[Block] = []
-        parent_hash, parent_id = _NO_PARENT, -1
+        parent_hash, parent_id = salt, -1
         for start in range(0, (len(token_ids) - 1) // bs * bs, bs):
             chunk = tuple(token_ids[start : start + bs])
             block_hash = hash_block(parent_hash, chunk)
             block = self.cached.get(block_hash)
             if block is None or block.token_ids != chunk:
                 break
-            if hits and block.parent != (parent_id, parent_hash):
+            if block.parent != (parent_id, parent_hash):
                 break
             hits.append(block)
             parent_hash, parent_id = block_hash, block.block_id
@@ -197,14 +201,14 @@ class BlockManager:
             assert parent.block_hash is not None
             parent_hash, parent_id = parent.block_hash, parent.block_id
         else:
-            parent_hash, parent_id = _NO_PARENT, -1
+            parent_hash, parent_id = request.cache_salt, -1
         for i in range(done, num_full):
             block = self.blocks[table[i]]
             chunk = tuple(tokens[i * bs : (i + 1) * bs])
             block_hash = hash_block(parent_hash, chunk)
             if block.block_hash is None:
                 block.block_hash, block.token_ids = block_hash, chunk
-                block.parent = (parent_id, parent_hash) if i else None
+                block.parent = (parent_id, parent_hash)
                 self.cached.setdefault(block_hash, block)
             parent_hash, parent_id = block_hash, block.block_id
         self._num_cached_blocks[request.request_id] = num_full

@@ -35,6 +35,12 @@ class EngineConfig:
     # continuous: admit whenever there is room. static: admit only into an empty engine,
     # then run that batch to completion (HF-generate-style; a baseline for benchmarks).
     batching: str = "continuous"
+    # LoRA adapters (worker/lora/): device slots (0: none served; their bytes come out of
+    # the KV budget), adapters kept in host memory (None: as many as the slots, at least),
+    # and the largest rank a slot holds (an adapter over it is refused at load).
+    max_loras: int = 0
+    max_cpu_loras: int | None = None
+    max_lora_rank: int = 16
 
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
@@ -66,5 +72,14 @@ class EngineConfig:
             )
         if self.batching not in ("continuous", "static"):
             raise ValueError(f"batching must be continuous or static, got {self.batching!r}")
+        if self.max_loras < 0:
+            raise ValueError(f"max_loras must be 0 or more, got {self.max_loras}")
+        if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
+            raise ValueError(
+                f"max_cpu_loras must be at least max_loras ({self.max_loras}), "
+                f"got {self.max_cpu_loras}"
+            )
+        if not 1 <= self.max_lora_rank <= 64:
+            raise ValueError(f"max_lora_rank must be 1 to 64, got {self.max_lora_rank}")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ValueError(f"num_kv_blocks must be at least 1, got {self.num_kv_blocks}")

@@ -14,6 +14,7 @@ from typing import Any
 
 from tide_fleet.infra.contract.sampling_params import Priority, SamplingParams
 from tide_fleet.infra.contract.tokenizer import Tokenizer
+from tide_fleet.worker.engine.adapters import EngineAdapters, lora_slots
 from tide_fleet.worker.engine.admission import check_prompt_ids, check_request, stop_token_ids
 from tide_fleet.worker.engine.block_manager import BlockManager
 from tide_fleet.worker.engine.config import EngineConfig
@@ -36,7 +37,7 @@ __all__ = ["LLMEngine", "RequestOutput", "StepHook", "StepStats"]
 StepHook = Callable[[StepStats | None, list[RequestOutput]], None]
 
 
-class LLMEngine:
+class LLMEngine(EngineAdapters):
     def __init__(
         self, model: LlamaModel, tokenizer: Tokenizer | None, config: EngineConfig | None = None
     ) -> None:
@@ -45,11 +46,13 @@ class LLMEngine:
         self.max_model_len = min(
             self.config.max_model_len or model.config.max_model_len, model.config.max_model_len
         )
-        self.runner = ModelRunner(model, self.config, self.max_model_len)
+        cfg = self.config
+        self.loras = lora_slots(model, cfg)  # first: their bytes come out of the KV budget
+        self.runner = ModelRunner(model, cfg, self.max_model_len, self.loras)
         self.block_manager = BlockManager(
-            self.runner.num_blocks, self.config.block_size, self.config.enable_prefix_caching
+            self.runner.num_blocks, cfg.block_size, cfg.enable_prefix_caching
         )
-        self.scheduler = Scheduler(self.config, self.block_manager)
+        self.scheduler = Scheduler(cfg, self.block_manager, self.loras)
         self.sampler = Sampler(model.device)
         if tokenizer is not None and tokenizer.eos_token_ids:
             self.eos_token_ids = set(tokenizer.eos_token_ids)
@@ -100,10 +103,14 @@ class LLMEngine:
         max_tokens: int,
         prompt_token_ids: list[int] | None = None,
         group: str | None = None,
+        lora: str | None = None,
     ) -> bool:
         """Would a request of this size be scheduled now (blocks after prefix hits, a slot,
-        or a slot its group's fair share would take back from a group over its share)?"""
-        return self.scheduler.can_admit(num_prompt_tokens, max_tokens, prompt_token_ids, group)
+        or a slot its group's fair share would take back from a group over its share; a
+        device slot for its LoRA adapter)?"""
+        return self.scheduler.can_admit(
+            num_prompt_tokens, max_tokens, prompt_token_ids, group, lora
+        )
 
     def room(self) -> int:
         """How many sequences a new job could start now (free slots, or its fair share)."""
@@ -117,6 +124,7 @@ class LLMEngine:
         priority: Priority = Priority.INTERACTIVE,
         group: str | None = None,
         output_token_ids: list[int] | None = None,
+        lora: str | None = None,
     ) -> None:
         """``group``: the job this request is part of (a job's choices, the prompts of one
         request); the scheduler shares steps fairly between groups. None: its own group.
@@ -125,12 +133,14 @@ class LLMEngine:
         max_tokens, min_tokens, penalties, seeded draws, stop strings and the grammar go on
         from them; the outputs carry only the tokens generated here (``token_ids`` and
         ``text`` at the end cover all of them). A request they already end finishes with the
-        next step."""
+        next step. ``lora``: the registered adapter it runs under (None: the base)."""
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in the engine")
         if self.text.is_deferred(request_id):  # ended, its last text not made yet
             self._pending.extend(self._drain())
         self.validate(len(prompt_token_ids), params)
+        if lora is not None and not self.loras.known(lora):
+            raise ValueError(f"lora: adapter {lora!r} is not registered in this engine")
         kept = list(output_token_ids or [])
         check_prompt_ids([*prompt_token_ids, *kept], self.model.config.vocab_size)
         grammar_done = False
@@ -143,7 +153,14 @@ class LLMEngine:
                 self.grammar.remove(request_id)
                 raise
         request = Request(
-            request_id, prompt_token_ids, params, priority, next(self._arrivals), group
+            request_id,
+            prompt_token_ids,
+            params,
+            priority,
+            next(self._arrivals),
+            group,
+            lora,
+            0 if self.loras is None else self.loras.salt(lora),
         )
         request.stop_token_ids = stop_token_ids(params, self.eos_token_ids)
         for token in kept:
@@ -338,4 +355,5 @@ class LLMEngine:
         sched = self.scheduler
         return {"num_running": len(sched.running), "num_waiting": len(sched.waiting),
                 **self.block_manager.stats(), "num_preemptions": sched.num_preemptions,
-                **self.counters}  # fmt: skip
+                **self.counters,
+                **self.adapter_stats()}  # fmt: skip

@@ -34,6 +34,8 @@ from tide_fleet.worker.engine.kv_budget import GpuMemory, gpu_kv_budget
 from tide_fleet.worker.engine.sampler import profile_sampling
 from tide_fleet.worker.engine.scheduler import ScheduledRequest, SchedulerOutput
 from tide_fleet.worker.engine.step_inputs import StepBuilder
+from tide_fleet.worker.lora.slots import Adapters, LoraManager
+from tide_fleet.worker.lora.step import LoraStep
 from tide_fleet.worker.models.llama import LlamaModel
 
 log = logging.getLogger(__name__)
@@ -72,8 +74,13 @@ def available_memory_bytes() -> int:
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaModel, config: EngineConfig, max_model_len: int) -> None:
+    def __init__(
+        self, model: LlamaModel, config: EngineConfig, max_model_len: int,
+        loras: Adapters | None = None,
+    ) -> None:  # fmt: skip
         self.model = model
+        # Adapter slots, allocated already: on CUDA the KV budget sees them in use.
+        self.loras = loras if isinstance(loras, LoraManager) else None
         self.config = config
         self.block_size = config.block_size
         self.max_model_len = max_model_len
@@ -152,20 +159,24 @@ class ModelRunner:
             return cfg.num_kv_blocks
         # Never more than every sequence slot at full length needs.
         useful = cfg.max_num_seqs * -(-max_model_len // self.block_size)
+        # The LoRA slots' bytes come out of an explicit or CPU budget (CUDA measures them).
+        lora_bytes = 0 if self.loras is None else self.loras.nbytes
         if cfg.kv_cache_memory is not None:
-            num = cfg.kv_cache_memory // self.block_bytes
+            num = (cfg.kv_cache_memory - lora_bytes) // self.block_bytes
         elif self.device.type == "cuda":
             num = self._cuda_num_blocks(profile_cache_bytes)
         elif self.device.type == "cpu":
-            num = int(available_memory_bytes() * cfg.kv_cache_fraction) // self.block_bytes
+            budget = int(available_memory_bytes() * cfg.kv_cache_fraction) - lora_bytes
+            num = budget // self.block_bytes
         else:
             raise ValueError(
                 f"no KV budget rule for device {self.device}: set kv_cache_memory or num_kv_blocks"
             )
         if num < 1:
             raise ValueError(
-                f"KV cache budget is below one block ({self.block_bytes} bytes): "
-                f"raise kv_cache_memory or kv_cache_fraction"
+                f"KV cache budget is below one block ({self.block_bytes} bytes) after "
+                f"{lora_bytes} bytes of LoRA slots: raise kv_cache_memory or kv_cache_fraction"
+                + (", or lower max_loras or max_lora_rank" if lora_bytes else "")
             )
         return int(min(num, useful))
 
@@ -263,11 +274,16 @@ class ModelRunner:
         )
 
     def execute(self, out: SchedulerOutput) -> StepResult:
-        if self.graphs is not None and self.graphs.fits(out.scheduled):
+        adapted = any(s.lora_slot >= 0 for s in out.scheduled)
+        if self.graphs is not None and not adapted and self.graphs.fits(out.scheduled):
             logits, ids = self.graphs.run(out.scheduled)
             return StepResult(logits=logits, sampled_ids=ids)
         step = self.builder.build(out.scheduled)
+        lora = None
+        if adapted:  # the rows in the step's order: decodes first (StepInputs.order)
+            slots = [s.lora_slot for s in step.order for _ in range(s.num_tokens)]
+            lora = LoraStep.build(self.loras, slots, self.device)
         logits = self.model.forward(
-            step.input_ids, step.positions, self.kv_caches, step.meta, step.logits_rows
+            step.input_ids, step.positions, self.kv_caches, step.meta, step.logits_rows, lora
         )
         return StepResult(logits=logits, sampled_ids=step.sampled_ids)

@@ -54,11 +54,17 @@ class Request:
         priority: Priority = Priority.INTERACTIVE,
         arrival_seq: int = 0,
         group: str | None = None,
+        lora: str | None = None,
+        cache_salt: int = 0,
     ) -> None:
         self.request_id = request_id
         # The job it belongs to (a job's choices, a request's prompts): the unit of fair
         # shares in the scheduler (worker/engine/fair_share.py). Alone, its own group.
         self.group = group or request_id
+        # The LoRA adapter it runs under (None: the base), and the prefix cache's root for
+        # it: KV computed under one adapter is never served to another.
+        self.lora = lora
+        self.cache_salt = cache_salt
         self.prompt_token_ids = list(prompt_token_ids)
         self.output_token_ids: list[int] = []
         self.output_logprobs: list[TokenLogprob] = []  # when params.logprobs is set

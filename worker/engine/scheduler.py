@@ -9,51 +9,27 @@ from __future__ import annotations
 import itertools
 import time
 from collections import Counter
-from dataclasses import dataclass, field
 
 from tide_fleet.worker.engine import fair_share
 from tide_fleet.worker.engine.block_manager import BlockManager
 from tide_fleet.worker.engine.config import EngineConfig
 from tide_fleet.worker.engine.request import Request, RequestStatus
+from tide_fleet.worker.engine.scheduled import ScheduledRequest, SchedulerOutput
+from tide_fleet.worker.lora.slots import Adapters, BaseOnly
 
-
-@dataclass
-class ScheduledRequest:
-    """One request's share of a step: tokens [start, start + len(token_ids))."""
-
-    request_id: str
-    token_ids: list[int]
-    start_pos: int
-    block_table: list[int]
-    sample: bool
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.token_ids)
-
-    @property
-    def context_len(self) -> int:
-        return self.start_pos + len(self.token_ids)
-
-
-@dataclass
-class SchedulerOutput:
-    scheduled: list[ScheduledRequest] = field(default_factory=list)
-    preempted_ids: list[str] = field(default_factory=list)
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(s.num_tokens for s in self.scheduled)
-
-    @property
-    def is_empty(self) -> bool:
-        return not self.scheduled
+__all__ = ["ScheduledRequest", "Scheduler", "SchedulerOutput"]
 
 
 class Scheduler:
-    def __init__(self, config: EngineConfig, block_manager: BlockManager) -> None:
+    def __init__(
+        self, config: EngineConfig, block_manager: BlockManager,
+        adapters: Adapters | None = None,
+    ) -> None:  # fmt: skip
         self.config = config
         self.block_manager = block_manager
+        # A request under a LoRA adapter starts only when the adapter holds a device slot
+        # or can get one; it holds the slot while it runs.
+        self.adapters = adapters or BaseOnly()
         self.waiting: list[Request] = []
         self.running: list[Request] = []
         self.num_preemptions = 0
@@ -113,11 +89,15 @@ class Scheduler:
         max_tokens: int,
         prompt_token_ids: list[int] | None = None,
         group: str | None = None,
+        lora: str | None = None,
     ) -> bool:
         """Would a new request of this size start now: a seq slot and blocks for its prompt
-        (counting what its group's fair share would take back from groups over theirs)."""
+        (counting what its group's fair share would take back from groups over theirs), and
+        a device slot for its LoRA adapter."""
         if self.is_static and self.static_batch:
             return False  # a static batch is running: new work waits until it is done
+        if not self.adapters.can_run(lora):
+            return False
         bm = self.block_manager
         if num_prompt_tokens + max_tokens > bm.num_blocks * bm.block_size:
             return False
@@ -133,7 +113,9 @@ class Scheduler:
             return False
         num_hit_tokens = 0
         if prompt_token_ids is not None:
-            num_hit_tokens = len(bm.lookup_prefix(prompt_token_ids, record=False)) * bm.block_size
+            salt = self.adapters.salt(lora)
+            hits = bm.lookup_prefix(prompt_token_ids, record=False, salt=salt)
+            num_hit_tokens = len(hits) * bm.block_size
         reserved = sum(bm.blocks_for(r.num_tokens + 1) for r in ahead)
         needed = bm.blocks_for(num_prompt_tokens + 1) - num_hit_tokens // bm.block_size
         freeable = len(bm.get_block_table(reclaim.request_id)) if reclaim is not None else 0
@@ -208,6 +190,7 @@ class Scheduler:
 
     def _preempt(self, request: Request) -> None:
         self.running.remove(request)
+        self.adapters.unpin(request.lora)
         self.block_manager.free(request)
         request.num_computed_tokens = 0
         request.num_preemptions += 1
@@ -232,6 +215,7 @@ class Scheduler:
                     break
                 continue  # blocks freed: look its prefix up again
             self.waiting.remove(request)
+            self.adapters.pin(request.lora)
             request.num_computed_tokens = num_cached
             request.status = RequestStatus.RUNNING
             if request.timings.first_scheduled is None:
@@ -269,11 +253,14 @@ class Scheduler:
         over it, groups running fewer sequences first; then the waiting order (arrival,
         preempted requests first)."""
         if self.is_static:
-            return next((r for r in self.waiting if r.request_id in self.static_batch), None)
+            return next((r for r in self.waiting if r.request_id in self.static_batch
+                         and self.adapters.can_run(r.lora)), None)  # fmt: skip
         if alloc is None:
-            return self.waiting[0] if self.waiting else None
+            return next((r for r in self.waiting if self.adapters.can_run(r.lora)), None)
         best: tuple[int, bool, int, int] | None = None
         for k, r in enumerate(self.waiting):
+            if not self.adapters.can_run(r.lora):
+                continue  # its adapter has no device slot to get now
             over = not fair_share.under_share(r.group, running_by, alloc)
             key = (int(r.priority), over, running_by[r.group], k)
             if best is None or key < best:
@@ -290,12 +277,14 @@ class Scheduler:
             start_pos=start,
             block_table=self.block_manager.get_block_table(request.request_id),
             sample=start + num_new == request.num_tokens,
+            lora_slot=self.adapters.slot(request.lora),
         )
 
     def finish(self, request: Request) -> None:
         """Remove a request wherever it is and release its blocks."""
         if request in self.running:
             self.running.remove(request)
+            self.adapters.unpin(request.lora)
         elif request in self.waiting:
             self.waiting.remove(request)
         self.block_manager.free(request)

@@ -22,6 +22,7 @@ from tide_fleet.kernels import cpu as cpu_kernels
 from tide_fleet.kernels.attention import cpp_decode_shared_tokens, native_prefill
 from tide_fleet.kernels.elementwise import Elementwise, rms_norm
 from tide_fleet.kernels.linear import Linear, choose_row_split, packed_rows
+from tide_fleet.worker.lora.step import LoraStep
 from tide_fleet.worker.models.rope import RotaryEmbedding, apply_rotary
 
 
@@ -85,26 +86,31 @@ class LlamaModel:
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
         meta: AttentionMetadata,
         logits_indices: torch.Tensor,
+        lora: LoraStep | None = None,
     ) -> torch.Tensor:
-        """Run the step's tokens; return float32 logits for the rows in logits_indices."""
+        """Run the step's tokens; return float32 logits for the rows in logits_indices.
+        ``lora``: the LoRA adapters its rows run under, their deltas added after each
+        projection (None: every row is the base model's)."""
         if self.native is not None:
-            return self._forward_native(input_ids, positions, kv_caches, meta, logits_indices)
+            return self._forward_native(input_ids, positions, kv_caches, meta, logits_indices, lora)
         cfg, n, hd = self.config, input_ids.shape[0], self.config.head_dim
         cos, sin = self.rope.tables(positions)
         hidden = F.embedding(input_ids, self.embed)
-        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
+        for i, (layer, (k_cache, v_cache)) in enumerate(zip(self.layers, kv_caches, strict=True)):
             x = rms_norm(hidden, layer.input_norm, cfg.rms_norm_eps)
-            qkv = layer.qkv(x)
+            qkv = _adapted(lora, "qkv", i, layer.qkv(x), x)
             # q and k are adjacent in the fused output: rotate them in one go.
             qk = apply_rotary(qkv[:, : self.q_size + self.kv_size].view(n, -1, hd), cos, sin)
             q, k = qk.split([cfg.num_heads, cfg.num_kv_heads], dim=1)
             v = qkv[:, self.q_size + self.kv_size :].view(n, cfg.num_kv_heads, hd)
             write_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping)
             attn = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale)
-            hidden = hidden + layer.o(attn.reshape(n, self.q_size))
+            attn_in = attn.reshape(n, self.q_size)
+            hidden = hidden + _adapted(lora, "o", i, layer.o(attn_in), attn_in)
             x = rms_norm(hidden, layer.post_norm, cfg.rms_norm_eps)
-            gate, up = layer.gate_up(x).chunk(2, dim=-1)
-            hidden = hidden + layer.down(F.silu(gate) * up)
+            gate, up = _adapted(lora, "gate_up", i, layer.gate_up(x), x).chunk(2, dim=-1)
+            act = F.silu(gate) * up
+            hidden = hidden + _adapted(lora, "down", i, layer.down(act), act)
         hidden = rms_norm(hidden[logits_indices], self.norm, cfg.rms_norm_eps)
         return self.lm_head(hidden).float()
 
@@ -164,12 +170,15 @@ class LlamaModel:
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
         meta: AttentionMetadata,
         logits_indices: torch.Tensor,
+        lora: LoraStep | None,
     ) -> torch.Tensor:
         """forward() on CPU: a whole-step native call where one takes the step, else layer by
-        layer with each op on the implementation the kernel table names."""
+        layer with each op on the implementation the kernel table names (and every step
+        with rows under a LoRA adapter: its deltas go in after each projection)."""
         ops, cfg = self.native, self.config
         n, hd, eps = input_ids.shape[0], cfg.head_dim, cfg.rms_norm_eps
-        whole = dispatch.is_default(WHOLE_STEP_OPS, self.device)  # nothing forced elsewhere
+        # Nothing forced elsewhere, no adapter rows: the whole step may take one native call.
+        whole = lora is None and dispatch.is_default(WHOLE_STEP_OPS, self.device)
         if whole and n <= self.decode_rows and _all_one_group_decode(meta, n):
             group = meta.decode_groups[0]
             hidden = ops.decode_layers(
@@ -195,12 +204,12 @@ class LlamaModel:
             return self.lm_head(ops.rms_norm(hidden[logits_indices], self.norm, eps)).float()
         glue = Elementwise(ops, self.device)
         delta: torch.Tensor | None = None
-        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
+        for i, (layer, (k_cache, v_cache)) in enumerate(zip(self.layers, kv_caches, strict=True)):
             if delta is None:
                 x = glue.rms_norm(hidden, layer.input_norm, eps)
             else:
                 x = glue.add_rms_norm_(hidden, delta, layer.input_norm, eps)
-            qkv = layer.qkv(x)
+            qkv = _adapted(lora, "qkv", i, layer.qkv(x), x)
             glue.rotary_(qkv, positions, self.rope.cos, self.rope.sin, rot_heads, hd)
             q = qkv[:n, :q_end].view(n, cfg.num_heads, hd)
             k = qkv[:n, q_end:k_end].view(n, cfg.num_kv_heads, hd)
@@ -210,12 +219,13 @@ class LlamaModel:
             attn_in = attn.reshape(n, self.q_size)
             if rows > n:
                 attn_in = torch.cat([attn_in, attn_in.new_zeros(rows - n, self.q_size)])
-            attn_out = layer.o(attn_in)
+            attn_out = _adapted(lora, "o", i, layer.o(attn_in), attn_in)
             x = glue.add_rms_norm_(hidden, attn_out, layer.post_norm, eps)
-            if layer.gate_up.fuses_silu:
-                delta = layer.down(layer.gate_up.silu_glu(x))
+            if layer.gate_up.fuses_silu and lora is None:
+                act = layer.gate_up.silu_glu(x)
             else:
-                delta = layer.down(glue.silu_mul(layer.gate_up(x)))
+                act = glue.silu_mul(_adapted(lora, "gate_up", i, layer.gate_up(x), x))
+            delta = _adapted(lora, "down", i, layer.down(act), act)
         if delta is not None:
             hidden.add_(delta)
         return self.lm_head(glue.rms_norm(hidden[logits_indices], self.norm, eps)).float()
@@ -284,6 +294,13 @@ DECODE_LAYERS_ROWS = 2
 # The ops the whole-step calls embed, each as its class's default (prefill chunks also need
 # the native prefill kernel: _takes_packed_step).
 WHOLE_STEP_OPS = ("gemv", "gemm", "decode_attention", "norm", "rope", "activation", "kv_write")
+
+
+def _adapted(
+    lora: LoraStep | None, proj: str, layer: int, y: torch.Tensor, x: torch.Tensor
+) -> torch.Tensor:
+    """A projection's output with its rows' LoRA deltas added (in place), if any."""
+    return y if lora is None else lora.add(proj, layer, y, x)
 
 
 def _all_one_group_decode(meta: AttentionMetadata, n: int) -> bool:

@@ -123,7 +123,7 @@ def test_a_batch_for_another_model_goes_to_its_lane(two, stories_path):
 
 def test_a_file_without_models_runs_as_before(world, tiny_path):
     check = _check(world, _lines(None, None))
-    assert check.errors == [] and check.model is not None and check.model.lane == ""
+    assert check.errors == [] and check.model is not None and check.model.served.lane == ""
     batch_id = world.new_batch(_lines(None, None))
     assert validate_batch(batch_id) == "in_progress"
     assert _queued(world) == {queue_name("short", "batch"): 2}

@@ -13,6 +13,7 @@ from tide_fleet.infra.batches.validate import (
     fan_out,
     validate_batch,
 )
+from tide_fleet.infra.jobs.targets import Target
 from tide_fleet.infra.wire.models import catalog
 from tide_fleet.infra.wire.protocol import JobStatus, Keys, Priority
 
@@ -86,7 +87,7 @@ def test_fan_out_twice_duplicates_nothing(world):
     batch_id = world.new_batch("\n".join(line(f"r{i}", OK) for i in range(3)))
     batch = world.h.batches.get(batch_id)
     file = world.h.files.get(batch["input_file_id"])
-    model = catalog(world.h.settings).default
+    model = Target(catalog(world.h.settings).default)
     assert fan_out(batch, file, model) == 3
     first = world.h.batches.lines(batch_id)
     assert fan_out(batch, file, model) == 3

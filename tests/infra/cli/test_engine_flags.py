@@ -18,6 +18,10 @@ from tide_fleet.worker.engine import LLMEngine
 from tide_fleet.worker.engine.config import EngineConfig
 
 LOAD_KEYWORDS = {"dtype", "device"}  # from_pretrained's own; the rest go to EngineConfig
+# A served engine keeps LoRA slots (the engine alone: none); the slot rank, left unset, is
+# the largest its model's adapters declare (tide worker reads them).
+SERVING_DEFAULTS = {"max_loras": 4, "max_lora_rank": None}
+LORA_KWARGS = {"max_loras", "max_cpu_loras", "max_lora_rank"}
 
 
 def parse(*argv: str):  # type: ignore[no-untyped-def]
@@ -33,6 +37,9 @@ def test_every_flag_sets_an_engine_keyword_with_the_engine_default():
         else:
             assert flag.kwarg in fields, f"{flag.dest}: {flag.kwarg} is not an EngineConfig field"
             engine_default = fields[flag.kwarg]
+        if flag.kwarg in SERVING_DEFAULTS:
+            assert flag.default == SERVING_DEFAULTS[flag.kwarg], flag.dest
+            continue
         # A switch (--no-x) left off keeps the engine's default (True).
         assert (not flag.default if flag.negates else flag.default) == engine_default, flag.dest
 
@@ -45,13 +52,14 @@ def test_serving_commands_take_every_engine_flag(command):
         "gpu_memory_utilization": 0.9, "max_num_seqs": 64,
         "max_num_batched_tokens": 1024, "attention_backend": "auto", "cuda_graphs": "auto",
         "enable_prefix_caching": True, "batching": "continuous",
+        "max_loras": 4, "max_cpu_loras": None, "max_lora_rank": None,
     }  # fmt: skip
 
 
 def test_generate_takes_all_but_batching():
     args = parse("generate", "--no-prefix-caching", "--max-num-seqs", "3")
     kwargs = engine_kwargs(args, GENERATE_FLAGS)
-    assert set(kwargs) == {f.kwarg for f in ENGINE_FLAGS} - {"batching"}
+    assert set(kwargs) == {f.kwarg for f in ENGINE_FLAGS} - {"batching"} - LORA_KWARGS
     assert kwargs["enable_prefix_caching"] is False and kwargs["max_num_seqs"] == 3
 
 
@@ -60,8 +68,24 @@ def test_default_worker_argv_is_what_tide_up_always_passed():
     assert argv == [
         "--device", "auto", "--gpu-memory-utilization", "0.9", "--max-num-seqs", "64",
         "--max-num-batched-tokens", "1024", "--attention-backend", "auto",
-        "--cuda-graphs", "auto", "--batching", "continuous",
+        "--cuda-graphs", "auto", "--batching", "continuous", "--max-loras", "4",
     ]  # fmt: skip
+
+
+def test_lora_flags_reach_the_worker_and_the_engine():
+    given = parse("up", "--max-loras", "2", "--max-cpu-loras", "8", "--max-lora-rank", "32")
+    argv = worker_argv(given)
+    assert argv[-6:] == ["--max-loras", "2", "--max-cpu-loras", "8", "--max-lora-rank", "32"]
+    kwargs = engine_kwargs(parse("worker", *argv))
+    assert (kwargs["max_loras"], kwargs["max_cpu_loras"], kwargs["max_lora_rank"]) == (2, 8, 32)
+    EngineConfig(**{k: kwargs[k] for k in LORA_KWARGS})  # the engine takes them as they are
+
+
+@pytest.mark.parametrize("rank", ["0", "65", "x"])
+def test_a_slot_rank_out_of_range_is_refused_naming_the_flag(rank, capsys):
+    with pytest.raises(SystemExit):
+        parse("up", "--max-lora-rank", rank)
+    assert "--max-lora-rank" in capsys.readouterr().err
 
 
 def test_unset_optional_flags_stay_off_the_worker_argv():

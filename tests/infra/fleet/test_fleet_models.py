@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from tide_fleet.infra.fleet.fleet_config import local_default_fleet, parse_fleet
+from tide_fleet.infra.fleet.fleet_config import parse_fleet
 from tide_fleet.infra.fleet.local_actuator import LocalActuator
+from tide_fleet.infra.fleet.local_fleet import local_default_fleet
 
 ALL = ["short", "medium", "long"]
 

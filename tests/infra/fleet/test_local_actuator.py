@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from tide_fleet.infra.fleet import local_actuator
-from tide_fleet.infra.fleet.fleet_config import local_default_fleet
 from tide_fleet.infra.fleet.local_actuator import LocalActuator
+from tide_fleet.infra.fleet.local_fleet import local_default_fleet
 
 
 class Popen:  # records the argv instead of starting a worker

@@ -87,3 +87,12 @@ def test_the_async_reader_reads_the_same(redis_server, redis_client):
     assert asyncio.run(read()) == read_heartbeats(redis_client) == {BEAT.worker_id: BEAT}
     redis_client.flushdb()
     assert asyncio.run(read()) == {}
+
+
+def test_adapters_round_trip_and_a_worker_without_any_writes_the_old_hash():
+    lora = Heartbeat(worker_id="w", adapters=("a", "b/v2"), adapters_on_device=("b/v2",))
+    raw = lora.to_hash()
+    assert raw["adapters"] == "a,b/v2" and raw["adapters_on_device"] == "b/v2"
+    assert Heartbeat.from_hash(raw) == lora
+    assert "adapters" not in BEAT.to_hash() and "adapters_on_device" not in BEAT.to_hash()
+    assert Heartbeat.from_hash({"pool": "p"}).adapters == ()

@@ -1,6 +1,7 @@
-// Fleet (operator keys): per model its totals, per (model, bucket) the queue, per pool its
-// model and workers by state and the controller's decisions, per worker its model and
-// engine; plots of the last minutes. Polls /console/api/fleet every second.
+// Fleet (operator keys): per model its totals, per LoRA adapter its queue and workers, per
+// (model, bucket) the queue, per pool its model and workers by state and the controller's
+// decisions, per worker its model, adapters and engine; plots of the last minutes. Polls
+// /console/api/fleet every second.
 
 import { api, ApiError, poll } from "./api.js";
 import { ago, badge, dur, h, num, pct, replace, table } from "./dom.js";
@@ -20,13 +21,13 @@ export function mount(main, ctx) {
   const totals = h("div", { class: "cards" });
   const plots = h("div", { class: "plots" });
   const sections = {
-    models: h("div"), buckets: h("div"), pools: h("div"), decisions: h("div"), workers: h("div"),
-    tenants: h("div"),
+    models: h("div"), adapters: h("div"), buckets: h("div"), pools: h("div"), decisions: h("div"),
+    workers: h("div"), tenants: h("div"),
   };
   replace(main,
     h("div", { class: "page-head" }, h("h2", {}, "Fleet"), status),
     totals, plots,
-    h("h3", {}, "Models"), sections.models,
+    h("h3", {}, "Models"), sections.models, sections.adapters,
     h("h3", {}, "Queues by model and bucket"), sections.buckets,
     h("h3", {}, "Pools"), sections.pools,
     h("h3", {}, "Controller decisions"), sections.decisions,
@@ -91,6 +92,13 @@ function draw(s, totals, data) {
       h("td", { title: m.model }, label(m.model), m.default ? " (default)" : ""),
       h("td", { class: "queued" }, m.queued === null ? "not served here" : num(m.queued)),
       h("td", { class: "workers" }, num(m.workers)), h("td", {}, num(m.tokens_per_s, 1))))));
+  // Only a fleet serving LoRA adapters has this table (with its heading).
+  replace(s.adapters, ...(data.adapters.length ? [h("h3", {}, "LoRA adapters"), table(
+    ["adapter", "model", "queued", "workers holding it", "on device", "tokens generated"],
+    data.adapters.map((a) => h("tr", { dataset: { adapter: a.adapter } },
+      h("td", {}, a.adapter), modelCell(a.model), h("td", { class: "queued" }, num(a.queued)),
+      h("td", { class: "workers" }, num(a.workers)), h("td", {}, num(a.on_device)),
+      h("td", {}, num(a.generated_tokens)))))] : []));
   replace(s.buckets, table(
     ["model", "bucket", "queued", "interactive msgs", "batch msgs", "backlog tokens", "oldest wait", "arrivals / s", "tokens / s in"],
     data.buckets.map((b) => h("tr", { dataset: { model: b.model, bucket: b.bucket } },
@@ -113,16 +121,23 @@ function draw(s, totals, data) {
       h("td", {}, `${d.current} → ${d.desired}`), h("td", {}, d.reason))),
     "no scaling decision yet"));
   replace(s.workers, table(
-    ["worker", "pool", "model", "state", "running", "waiting", "free slots", "KV used", "tokens / s", "MFU", "MBU", "prefix hits", "beat"],
+    ["worker", "pool", "model", "adapters", "state", "running", "waiting", "free slots", "KV used", "tokens / s", "MFU", "MBU", "prefix hits", "beat"],
     data.workers.map((w) => h("tr", { dataset: { worker: w.worker_id, model: w.model } },
       h("td", { title: `${w.host} pid ${w.pid}` }, w.worker_id), h("td", {}, w.pool),
-      modelCell(w.model), h("td", {}, badge(w.state)), h("td", {}, num(w.running)),
+      modelCell(w.model), adaptersCell(w), h("td", {}, badge(w.state)), h("td", {}, num(w.running)),
       h("td", {}, num(w.waiting)), h("td", {}, num(w.free_slots)), h("td", {}, kv(w)), h("td", {}, num(w.tokens_per_s, 1)),
       h("td", {}, pct(w.mfu)), h("td", {}, pct(w.mbu)), h("td", {}, pct(w.prefix_hit_rate)),
       h("td", {}, `${dur(w.beat_age_s)} ago`))),
     "no live worker (a pool at zero starts one when jobs queue)"));
   replace(s.tenants, table(["tenant", "unfinished jobs"],
     data.tenants.map((t) => h("tr", {}, h("td", {}, t.tenant), h("td", {}, num(t.active))))));
+}
+
+// A worker's adapters: those in a device slot marked "(on device)", the others in host memory.
+function adaptersCell(w) {
+  const names = (w.adapters || []).map((a) =>
+    (w.adapters_on_device || []).includes(a) ? `${a} (on device)` : a);
+  return h("td", { class: "adapters" }, names.join(", ") || "–");
 }
 
 function kv(w) {
