@@ -123,8 +123,8 @@ TABLE: dict[str, dict[str, Choice]] = {
         (("cuda",), "triton", "segmented shrink/expand (kernels/triton_lora.py): every adapter "
          "of the step in one launch each"),
         (NATIVE, "cpp", "blocks of four rows per adapter, shrink and expand in float, "
-         "vdpbf16ps where the build has it (kernels/csrc/lora): 8 adapters ran at 0.90x the "
-         "base's tok/s, the torch path at 0.62x (scripts/bench_lora.py, Zen 4)"),
+         "vdpbf16ps where the build has it (kernels/csrc/lora): 8 adapters ran at 0.87-0.90x "
+         "the base's tok/s, the torch path at 0.62x (scripts/bench_lora.py, Zen 4)"),
         (("cpu-no-native",), "torch", "each adapter's rows a batch entry of one shrink and "
          "one expand per sub-module"),
     ),
