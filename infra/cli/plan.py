@@ -98,6 +98,22 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         help="use this KV pool size instead of deriving it (e.g. a worker's "
         "--kv-cache-memory), in GiB or with a unit",
     )
+    p.add_argument(
+        "--tensor-parallel-size",
+        type=_number(int, 1, low_ok=True),
+        default=1,
+        metavar="N",
+        help="split the model over N GPUs (N divides the KV heads); memory figures are per "
+        "GPU (default 1)",
+    )
+    p.add_argument(
+        "--interconnect-gbs",
+        type=_number(float, 0),
+        default=None,
+        metavar="GB/S",
+        help="GPU-to-GPU bandwidth per direction per GPU, in GB/s (10^9 bytes); default: "
+        "the device's (NVLink 4: 450, PCIe Gen4 x16: 32)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_plan)
 
@@ -120,6 +136,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
             reserve_bytes=int(args.reserve_gb * GiB),
             headroom=args.headroom,
             kv_budget_bytes=int(args.kv_budget_gb * GiB) if args.kv_budget_gb is not None else None,
+            tensor_parallel_size=args.tensor_parallel_size,
+            interconnect_bytes_per_s=link * 1e9 if (link := args.interconnect_gbs) else None,
         )
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -139,11 +157,43 @@ def _rate(r: float | None) -> str:
     return "n/a (give --device)" if r is None else f"{r:,.0f} tokens/s"
 
 
+def _tensor_parallel_rows(p: Plan) -> dict[str, list[tuple[str, str, str]]]:
+    """Rows only a split model has, keyed by the row they follow: per-GPU shares and the
+    all-reduce cost of a step."""
+    n = p.tensor_parallel_size
+    smallest = p.min_tensor_parallel_size or "none up to 8"
+    decode = [
+        ("all-reduce per step", f"{p.step_allreduce_bytes / 2**20:,.2f} MiB",
+         f"per GPU: 2 x layers x batch {p.recommended_max_num_seqs} x hidden x 2 bytes "
+         "x 2(N-1)/N (ring)"),
+    ]  # fmt: skip
+    if p.step_seconds is not None:
+        assert p.step_read_seconds is not None and p.step_allreduce_seconds is not None
+        link = f"{p.interconnect} {(p.interconnect_bytes_per_s or 0) / 1e9:,.0f} GB/s"
+        decode.append((
+            "decode step", f"{p.step_seconds * 1e3:,.2f} ms",
+            f"a model: not measured; {p.step_read_seconds * 1e3:,.2f} ms read per GPU + "
+            f"{p.step_allreduce_seconds * 1e3:,.2f} ms all-reduce over {link}, no overlap",
+        ))  # fmt: skip
+    return {
+        "parameters": [("tensor parallel", f"{n} GPUs", "memory, KV budget and concurrency "
+                        f"are per GPU; smallest that fits: {smallest}")],
+        "weights": [("weights per GPU", _gib(p.weight_bytes_per_gpu), "q/k/v/o by heads, "
+                     "MLP by intermediate, embedding and lm_head by vocabulary; norms "
+                     "replicated")],
+        "KV per token": [("KV per token per GPU", f"{p.kv_bytes_per_token_per_gpu / 1024:,.0f}"
+                          f" KiB", f"KV per token / {n}: the KV heads split {n} ways")],
+        f"decode, batch {p.recommended_max_num_seqs}": decode,
+    }  # fmt: skip
+
+
 def print_plan(p: Plan) -> None:
     from rich.console import Console
     from rich.table import Table
 
     where = p.device or "memory only"
+    if p.is_tensor_parallel:
+        where = f"{p.tensor_parallel_size} x {where}"
     t = Table(title=f"tide plan: {p.model} on {where}", show_header=False, title_justify="left")
     t.add_column(style="bold")
     t.add_column(justify="right")
@@ -171,8 +221,11 @@ def print_plan(p: Plan) -> None:
         ("bucket short_max", f"{p.bucket_short_max:,}", "TIDE_BUCKET_SHORT_MAX"),
         ("bucket medium_max", f"{p.bucket_medium_max:,}", "TIDE_BUCKET_MEDIUM_MAX"),
     ]  # fmt: skip
+    after = _tensor_parallel_rows(p) if p.is_tensor_parallel else {}
     for row in rows:
         t.add_row(*row)
+        for extra in after.get(row[0], []):
+            t.add_row(*extra)
     console = Console()
     console.print(t)
     console.print(f"worker flags: {p.worker_flags()}", soft_wrap=True, highlight=False)

@@ -91,27 +91,54 @@ class ModelShape:
                 f"num_kv_heads ({self.num_kv_heads})"
             )
 
-    def num_parameters(self) -> int:
+    def tensor_parallel_sizes(self, up_to: int | None = None) -> list[int]:
+        """The tensor parallel sizes this model splits into: those that divide both head
+        counts (the KV heads divide the attention heads, so the KV heads' divisors)."""
+        top = self.num_kv_heads if up_to is None else min(up_to, self.num_kv_heads)
+        return [n for n in range(1, top + 1) if self.num_kv_heads % n == 0]
+
+    def _check_tensor_parallel(self, n: int) -> None:
+        if n < 1 or self.num_kv_heads % n:
+            raise ShapeError(
+                f"{self.name}: tensor parallel size {n} must divide the heads "
+                f"({self.num_heads} attention, {self.num_kv_heads} KV)"
+            )
+
+    def num_parameters(self, tensor_parallel_size: int = 1) -> int:
+        """Every weight, or one GPU's shard of them when the model is split `tensor_parallel_size`
+        ways: q/k/v/o by heads, the MLP by its intermediate size, the embedding and the LM head
+        by vocabulary (rounded up); the norms are replicated on every GPU."""
+        n = tensor_parallel_size
+        self._check_tensor_parallel(n)
         d, q, kv = (
             self.hidden_size,
-            self.num_heads * self.head_dim,
-            self.num_kv_heads * self.head_dim,
+            self.num_heads * self.head_dim // n,
+            self.num_kv_heads * self.head_dim // n,
         )
+        inter = -(-self.intermediate_size // n)
         bias = (q + 2 * kv) if self.qkv_bias else 0
-        per_layer = bias + 2 * d  # + two RMSNorm weights
-        embed = self.vocab_size * d * (1 if self.tie_word_embeddings else 2)
-        return projection_parameters(self) + self.num_layers * per_layer + embed + d
+        per_layer = d * (q + 2 * kv) + q * d + 3 * d * inter + bias + 2 * d  # + two RMSNorms
+        embed = self._vocab_shard(n) * d * (1 if self.tie_word_embeddings else 2)
+        return self.num_layers * per_layer + embed + d
 
-    def streamed_parameters(self) -> int:
-        """Parameters a decode step reads: an untied input embedding is only looked up."""
-        lookup_only = 0 if self.tie_word_embeddings else self.vocab_size * self.hidden_size
-        return self.num_parameters() - lookup_only
+    def _vocab_shard(self, n: int) -> int:
+        return -(-self.vocab_size // n)
 
-    def weight_bytes(self, dtype: str) -> int:
-        return self.num_parameters() * dtype_bytes(dtype)
+    def streamed_parameters(self, tensor_parallel_size: int = 1) -> int:
+        """Parameters a decode step reads (per GPU when split): an untied input embedding is
+        only looked up."""
+        n = tensor_parallel_size
+        lookup_only = 0 if self.tie_word_embeddings else self._vocab_shard(n) * self.hidden_size
+        return self.num_parameters(n) - lookup_only
 
-    def kv_bytes_per_token(self, kv_dtype: str) -> int:
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * dtype_bytes(kv_dtype)
+    def weight_bytes(self, dtype: str, tensor_parallel_size: int = 1) -> int:
+        return self.num_parameters(tensor_parallel_size) * dtype_bytes(dtype)
+
+    def kv_bytes_per_token(self, kv_dtype: str, tensor_parallel_size: int = 1) -> int:
+        """K and V of one token, all layers; split N ways each GPU holds its heads' share."""
+        self._check_tensor_parallel(tensor_parallel_size)
+        kv_heads = self.num_kv_heads // tensor_parallel_size
+        return 2 * self.num_layers * kv_heads * self.head_dim * dtype_bytes(kv_dtype)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -180,6 +207,7 @@ PRESETS: dict[str, ModelShape] = {
         _preset("llama-2-7b", 32, 4096, 11008, 32, 32, 128, 32000, 4096),
         _preset("llama-2-13b", 40, 5120, 13824, 40, 40, 128, 32000, 4096),
         _preset("llama-3-8b", 32, 4096, 14336, 32, 8, 128, 128256, 8192),
+        _preset("llama-3-70b", 80, 8192, 28672, 64, 8, 128, 128256, 8192),
         _preset("llama-3.1-8b", 32, 4096, 14336, 32, 8, 128, 128256, 131072),
         _preset("llama-3.1-70b", 80, 8192, 28672, 64, 8, 128, 128256, 131072),
         _preset("llama-3.2-1b", 16, 2048, 8192, 32, 8, 64, 128256, 131072, tied=True),

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from tide_fleet.infra.plan.devices import DeviceSpec, GiB, get_device
+from tide_fleet.infra.plan.errors import PlanError
 from tide_fleet.infra.plan.model_shape import (
     PRESETS,
     ModelShape,
@@ -22,9 +23,15 @@ from tide_fleet.infra.plan.model_shape import (
 )
 from tide_fleet.infra.plan.roofline import (
     ModelCost,
+    allreduce_bytes,
     decode_step_seconds,
     peak_flops,
     saturation_batch,
+)
+from tide_fleet.infra.plan.tensor_parallel import (
+    check_tensor_parallel_size,
+    fit_hint,
+    min_tensor_parallel_size,
 )
 
 __all__ = [
@@ -33,10 +40,12 @@ __all__ = [
     "Plan",
     "PlanError",
     "ShapeError",
+    "check_tensor_parallel_size",
     "estimate_decode_tokens_per_s",
     "estimate_pool_tokens_per_s",
     "kv_bytes",
     "load_shape",
+    "min_tensor_parallel_size",
     "plan",
 ]
 DEFAULT_HEADROOM = 0.2  # keep a fifth of device memory free
@@ -48,10 +57,6 @@ MEDIUM_MIN_CONCURRENT = 4  # medium bucket: this many; a long request then still
 CHUNK_MIN, CHUNK_MAX, CHUNK_NO_DEVICE = 512, 8192, 2048  # prefill tokens per step
 
 
-class PlanError(ValueError):
-    """Input the planner cannot use, or a model that does not fit; the message says which."""
-
-
 def estimate_decode_tokens_per_s(
     shape: ModelShape,
     device: DeviceSpec,
@@ -60,17 +65,24 @@ def estimate_decode_tokens_per_s(
     weight_dtype: str = "bfloat16",
     kv_dtype: str | None = None,
     efficiency: float = 1.0,
+    tensor_parallel_size: int = 1,
+    interconnect_bandwidth: float | None = None,
 ) -> float:
     """Roofline decode rate: each step reads the weights once plus every sequence's KV, and
-    cannot beat the compute peak. `efficiency` scales it to what real kernels reach."""
+    cannot beat the compute peak. `efficiency` scales it to what real kernels reach. Split N
+    ways, each GPU reads its shard and the step adds its all-reduces over the interconnect
+    (default: the device's), with no overlap."""
     if batch < 1 or context_len < 1:
         raise PlanError(f"batch and context_len must be positive, got {batch}, {context_len}")
     if not 0 < efficiency <= 1:
         raise PlanError(f"efficiency must be in (0, 1], got {efficiency}")
+    n = tensor_parallel_size
     mem_s, compute_s = decode_step_seconds(
-        shape, device, batch, context_len, weight_dtype, kv_dtype or weight_dtype
+        shape, device, batch, context_len, weight_dtype, kv_dtype or weight_dtype, n
     )
-    return efficiency * batch / max(mem_s, compute_s)
+    link = interconnect_bandwidth or device.interconnect_bandwidth
+    allreduce_s = allreduce_bytes(shape, batch, n, weight_dtype) / link if n > 1 else 0.0
+    return efficiency * batch / (max(mem_s, compute_s) + allreduce_s)
 
 
 @dataclass(frozen=True)
@@ -108,7 +120,25 @@ class Plan:
     bucket_short_max: int
     bucket_medium_max: int
     max_model_len: int
+    # Tensor parallelism. The memory, KV budget and concurrency figures above are per GPU (a
+    # worker holds N GPUs); weight_bytes and kv_bytes_per_token are the whole model's.
+    tensor_parallel_size: int = 1
+    weight_bytes_per_gpu: int = 0
+    kv_bytes_per_token_per_gpu: int = 0
+    min_tensor_parallel_size: int | None = 1  # smallest N that fits; None: none up to 8
+    interconnect: str | None = None
+    interconnect_bytes_per_s: float | None = None
+    # One decode step at recommended_max_num_seqs, per GPU (None without a device): the
+    # roofline of the weight and KV read (or the compute, if larger) plus the all-reduces.
+    step_allreduce_bytes: int = 0
+    step_read_seconds: float | None = None
+    step_allreduce_seconds: float | None = None
+    step_seconds: float | None = None
     warnings: tuple[str, ...] = ()
+
+    @property
+    def is_tensor_parallel(self) -> bool:
+        return self.tensor_parallel_size > 1
 
     def worker_flags(self) -> str:
         return (
@@ -169,9 +199,18 @@ def plan(
     reserve_bytes: int = DEFAULT_RESERVE_BYTES,
     headroom: float = DEFAULT_HEADROOM,
     kv_budget_bytes: int | None = None,
+    tensor_parallel_size: int = 1,
+    interconnect_bytes_per_s: float | None = None,
 ) -> Plan:
     """Plan `shape` on `memory_bytes` (default: the device's memory). `kv_budget_bytes`, when
-    given, replaces the derived budget (usable - weights - reserve), e.g. a worker's pool."""
+    given, replaces the derived budget (usable - weights - reserve), e.g. a worker's pool.
+    With `tensor_parallel_size` N > 1 the model is split over N such devices: memory, the
+    budget and `kv_budget_bytes` are per GPU; `interconnect_bytes_per_s` replaces the
+    device's GPU-to-GPU bandwidth."""
+    n = tensor_parallel_size
+    check_tensor_parallel_size(shape, n)
+    if interconnect_bytes_per_s is not None and interconnect_bytes_per_s <= 0:
+        raise PlanError(f"interconnect bandwidth must be positive, got {interconnect_bytes_per_s}")
     kv_dtype = kv_dtype or weight_dtype
     wbytes = dtype_bytes(weight_dtype)
     dtype_bytes(kv_dtype)  # validates the name
@@ -183,28 +222,34 @@ def plan(
         memory_bytes = device.memory_bytes
     usable = int(memory_bytes * (1.0 - headroom))
     weights = shape.num_parameters() * wbytes
-    if weights + reserve_bytes >= usable:
+    shard = shape.num_parameters(n) * wbytes
+    avg_len = prompt_len + output_len
+    dtypes = (weight_dtype, kv_dtype)
+    smallest = min_tensor_parallel_size(shape, usable, reserve_bytes, dtypes, avg_len)
+    if shard + reserve_bytes >= usable:
+        per_gpu = f" per GPU (split {n} ways)" if n > 1 else ""
         raise PlanError(
-            f"weights do not fit: {weights / GiB:.2f} GiB of {weight_dtype} weights + "
+            f"weights do not fit: {shard / GiB:.2f} GiB of {weight_dtype} weights{per_gpu} + "
             f"{reserve_bytes / GiB:.2f} GiB reserve need more than the {usable / GiB:.2f} GiB "
             f"usable ({memory_bytes / GiB:.2f} GiB less {headroom:.0%} headroom)"
+            + fit_hint(smallest, shape)
         )
     warnings: list[str] = []
-    derived = usable - weights - reserve_bytes
+    derived = usable - shard - reserve_bytes
     budget = kv_budget_bytes if kv_budget_bytes is not None else derived
     if budget > derived:
         warnings.append(
             f"the given KV budget ({budget / GiB:.2f} GiB) exceeds what the memory leaves "
             f"after weights, reserve and headroom ({derived / GiB:.2f} GiB)"
         )
-    kvpt = shape.kv_bytes_per_token(kv_dtype)
+    kvpt = shape.kv_bytes_per_token(kv_dtype, n)  # per GPU: its share of the KV heads
     tokens = budget // kvpt
-    avg_len = prompt_len + output_len
     concurrent = budget // (kvpt * avg_len)
     if concurrent < 1:
+        hint = fit_hint(smallest, shape) if kv_budget_bytes is None and (smallest or 0) != n else ""
         raise PlanError(
             f"the KV budget ({budget / GiB:.2f} GiB = {tokens} tokens) holds less than one "
-            f"average request ({avg_len} tokens)"
+            f"average request ({avg_len} tokens)" + hint
         )
     concurrent_p99 = budget // (kvpt * p99_len)
     ctx = prompt_len + output_len // 2
@@ -212,25 +257,44 @@ def plan(
     chunk = CHUNK_NO_DEVICE
     rate_1 = rate = work = None
     bound = None
+    link_name = device.interconnect if device is not None else None
+    link = interconnect_bytes_per_s or (device.interconnect_bandwidth if device else None)
+    if interconnect_bytes_per_s is not None:
+        link_name = "given"
+    read_s = allreduce_s = step_s = None
     if device is not None:
-        seqs = min(seqs, saturation_batch(shape, device, ctx, weight_dtype, kv_dtype))
+        assert link is not None
+        seqs = min(seqs, saturation_batch(shape, device, ctx, weight_dtype, kv_dtype, n))
         # A step of `ridge` tokens takes as long to compute as to read the weights; at 4x
         # that, the weight read costs at most a fifth of the step even without overlap.
         ridge = peak_flops(device, weight_dtype) * wbytes / (2 * device.mem_bandwidth)
         chunk = min(max(_pow2_ceil(math.ceil(4 * ridge)), CHUNK_MIN), CHUNK_MAX)
-        rate_1 = estimate_decode_tokens_per_s(shape, device, 1, ctx, weight_dtype, kv_dtype)
-        rate = estimate_decode_tokens_per_s(shape, device, seqs, ctx, weight_dtype, kv_dtype)
-        mem_s, compute_s = decode_step_seconds(shape, device, seqs, ctx, weight_dtype, kv_dtype)
+        rate_1 = estimate_decode_tokens_per_s(
+            shape, device, 1, ctx, weight_dtype, kv_dtype,
+            tensor_parallel_size=n, interconnect_bandwidth=link,
+        )  # fmt: skip
+        rate = estimate_decode_tokens_per_s(
+            shape, device, seqs, ctx, weight_dtype, kv_dtype,
+            tensor_parallel_size=n, interconnect_bandwidth=link,
+        )  # fmt: skip
+        mem_s, compute_s = decode_step_seconds(shape, device, seqs, ctx, weight_dtype, kv_dtype, n)
         bound = "compute" if compute_s > mem_s else "memory"
+        read_s = max(mem_s, compute_s)
+        allreduce_s = allreduce_bytes(shape, seqs, n, weight_dtype) / link if n > 1 else 0.0
+        step_s = read_s + allreduce_s
         # Prefill and decode share the device: a request costs its output at the batch's
-        # decode rate plus its prompt at the compute peak.
-        cost = ModelCost.from_shape(shape, weight_dtype, kv_dtype)
+        # decode rate plus its prompt at the compute peak (and, split, its all-reduces).
+        cost = ModelCost.from_shape(shape, weight_dtype, kv_dtype, n)
         prefill_rate = peak_flops(device, weight_dtype) / cost.flops_per_token(prompt_len // 2)
-        work = avg_len / (output_len / rate + prompt_len / prefill_rate)
+        prefill_allreduce_s = allreduce_bytes(shape, 1, n, weight_dtype) / link if n > 1 else 0.0
+        work = avg_len / (
+            output_len / rate + prompt_len / prefill_rate + prompt_len * prefill_allreduce_s
+        )
     batched = seqs + chunk
-    q, kv = shape.num_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim
+    q, kv = shape.num_heads * shape.head_dim // n, shape.num_kv_heads * shape.head_dim // n
     act_bytes = 4 if weight_dtype == "float32" else 2
-    per_token = 4 * shape.hidden_size + q + 2 * kv + 3 * shape.intermediate_size
+    inter = -(-shape.intermediate_size // n)
+    per_token = 4 * shape.hidden_size + q + 2 * kv + 3 * inter
     activations = batched * per_token * act_bytes + seqs * shape.vocab_size * 4  # fp32 logits
     short_max = _pow2_floor(max(tokens // SHORT_MIN_CONCURRENT, 16))
     medium_max = max(_pow2_floor(tokens // MEDIUM_MIN_CONCURRENT), 2 * short_max)
@@ -250,6 +314,11 @@ def plan(
             f"every request this model accepts ({max_len} tokens of context) is {which} "
             "on this device: it needs no long pool"
         )
+    if n > 1:
+        warnings.append(
+            f"Tide's engine runs a model on one device: a plan split {n} ways is for engines "
+            f"with tensor parallelism (vLLM's --tensor-parallel-size {n})"
+        )
     if activations > reserve_bytes:
         warnings.append(
             f"estimated activations ({activations / GiB:.2f} GiB) exceed the "
@@ -262,7 +331,7 @@ def plan(
         kv_dtype=kv_dtype,
         num_parameters=shape.num_parameters(),
         weight_bytes=weights,
-        kv_bytes_per_token=kvpt,
+        kv_bytes_per_token=shape.kv_bytes_per_token(kv_dtype),
         memory_bytes=memory_bytes,
         headroom=headroom,
         reserve_bytes=reserve_bytes,
@@ -287,6 +356,16 @@ def plan(
         bucket_short_max=short_max,
         bucket_medium_max=medium_max,
         max_model_len=max_len,
+        tensor_parallel_size=n,
+        weight_bytes_per_gpu=shard,
+        kv_bytes_per_token_per_gpu=kvpt,
+        min_tensor_parallel_size=smallest,
+        interconnect=link_name,
+        interconnect_bytes_per_s=link,
+        step_allreduce_bytes=allreduce_bytes(shape, seqs, n, weight_dtype),
+        step_read_seconds=read_s,
+        step_allreduce_seconds=allreduce_s,
+        step_seconds=step_s,
         warnings=tuple(warnings),
     )
 

@@ -24,7 +24,6 @@ from tide_fleet.infra.plan.model_shape import (
     Dims,
     ModelShape,
     dtype_bytes,
-    kv_bytes,
     projection_parameters,
 )
 
@@ -83,15 +82,27 @@ class ModelCost:
 
     @classmethod
     def from_shape(
-        cls, shape: ModelShape, weight_dtype: str = "bfloat16", kv_dtype: str | None = None
+        cls,
+        shape: ModelShape,
+        weight_dtype: str = "bfloat16",
+        kv_dtype: str | None = None,
+        tensor_parallel_size: int = 1,
     ) -> ModelCost:
         """Every weight a decode step streams (ModelShape.streamed_parameters: norms and
-        biases too) counts as multiplied by every token: the planner's and the simulator's."""
+        biases too) counts as multiplied by every token: the planner's and the simulator's.
+        Split N ways it is one GPU's share: its weight shard, its heads, its KV heads."""
+        n = tensor_parallel_size
         base = cls.from_config(
             shape, dtype_bytes(weight_dtype), dtype_bytes(kv_dtype or weight_dtype)
         )
-        streamed = shape.streamed_parameters()
-        return dataclasses.replace(base, linear_params=streamed - base.head_params)
+        head = -(-shape.vocab_size // n) * shape.hidden_size
+        return dataclasses.replace(
+            base,
+            linear_params=shape.streamed_parameters(n) - head,
+            head_params=head,
+            num_heads=shape.num_heads // n,
+            kv_bytes_per_token=shape.kv_bytes_per_token(kv_dtype or weight_dtype, n),
+        )
 
     @property
     def weight_bytes(self) -> int:
@@ -133,22 +144,43 @@ def decode_step_seconds(
     context_len: int,
     weight_dtype: str,
     kv_dtype: str,
+    tensor_parallel_size: int = 1,
 ) -> tuple[float, float]:
     """(memory time, compute time) of one decode step of `batch` sequences at `context_len`:
-    every streamed weight read once plus each sequence's KV; each sequence samples a token."""
-    cost = ModelCost.from_shape(shape, weight_dtype, kv_dtype)
+    every streamed weight read once plus each sequence's KV; each sequence samples a token.
+    Split N ways, one GPU's: its weight shard and its KV heads (all-reduces aside)."""
+    cost = ModelCost.from_shape(shape, weight_dtype, kv_dtype, tensor_parallel_size)
     positions = batch * context_len
     flops = cost.flops(batch, batch, positions)
     nbytes = cost.bytes_moved(kv_tokens_read=positions, kv_tokens_written=0)
     return DevicePeaks.from_spec(device, weight_dtype).seconds(flops, nbytes)
 
 
+def allreduce_bytes(
+    shape: Dims, batch: int, tensor_parallel_size: int, weight_dtype: str = "bfloat16"
+) -> int:
+    """Bytes one GPU sends in one decode step of `batch` tokens split `tensor_parallel_size`
+    ways: two all-reduces per layer (after attention's o projection and after the MLP's down
+    projection) of batch x hidden activations each, and a ring all-reduce sends 2 x (N-1)/N
+    of its buffer per GPU. Activations are 16-bit unless the weights are float32. 0 at N=1."""
+    n = tensor_parallel_size
+    act_bytes = 4 if weight_dtype == "float32" else 2
+    buffer = batch * shape.hidden_size * act_bytes
+    return 2 * shape.num_layers * buffer * 2 * (n - 1) // n
+
+
 def saturation_batch(
-    shape: ModelShape, device: DeviceSpec, context_len: int, weight_dtype: str, kv_dtype: str
+    shape: ModelShape,
+    device: DeviceSpec,
+    context_len: int,
+    weight_dtype: str,
+    kv_dtype: str,
+    tensor_parallel_size: int = 1,
 ) -> int:
     """Smallest batch whose decode step is compute bound (a huge number if none is)."""
-    mem_1, compute_1 = decode_step_seconds(shape, device, 1, context_len, weight_dtype, kv_dtype)
-    kv_s = kv_bytes(shape, context_len, 1, kv_dtype) / device.mem_bandwidth
+    n = tensor_parallel_size
+    mem_1, compute_1 = decode_step_seconds(shape, device, 1, context_len, weight_dtype, kv_dtype, n)
+    kv_s = shape.kv_bytes_per_token(kv_dtype, n) * context_len / device.mem_bandwidth
     weights_s = mem_1 - kv_s
     per_seq_gain = compute_1 - kv_s  # each sequence adds compute_1 and kv_s
     return math.ceil(weights_s / per_seq_gain) if per_seq_gain > 0 else 1 << 30
