@@ -223,3 +223,12 @@ def test_the_native_kernel_matches_the_row_loop(monkeypatch, subs, in_features, 
     torch.testing.assert_close(got.double(), reference(case, slot_ids), **TOLERANCE[dtype])
     untouched = [r for r, s in enumerate(slot_ids) if s < 0] + [len(slot_ids), len(slot_ids) + 1]
     assert torch.equal(got[untouched], case.y[untouched])
+
+
+def test_sub_modules_with_gaps_between_them_take_their_own_columns(monkeypatch):
+    """Columns between sub-modules (an adapter on q and v, none on k) are left alone."""
+    force(monkeypatch, "torch")
+    case = make_case([(0, 16), (40, 64)], rows=len(SLOTS))
+    got = run(case, SLOTS)
+    torch.testing.assert_close(got.double(), reference(case, SLOTS), **TOLERANCE[torch.float32])
+    assert torch.equal(got[:, 16:40], case.y[:, 16:40])

@@ -26,8 +26,7 @@ constexpr int64_t CT = 32;  // output columns per expand tile
 template <typename T>
 void lora_block(T* yp, const T* xp, const T* as_, const T* bs_, int64_t xs, int64_t ys, int64_t br,
                 int64_t in, int64_t ranks, int64_t rank, const std::vector<int64_t>& lo,
-                const std::vector<int64_t>& hi, const int64_t* rows, int64_t nb, float* xf, float* t,
-                float*) {
+                const std::vector<int64_t>& hi, const int64_t* rows, int64_t nb, float* xf, float* t) {
   for (int64_t r = 0; r < RB; ++r) {
     const T* xr = xp + rows[r < nb ? r : 0] * xs;
     for (int64_t k = 0; k < in; ++k) xf[r * in + k] = static_cast<float>(xr[k]);
@@ -130,20 +129,20 @@ void lora_rows(at::Tensor& y, const at::Tensor& x, const at::Tensor& a, const at
                const std::vector<int64_t>& lo, const std::vector<int64_t>& hi, const int64_t* order,
                const std::vector<int64_t>& block_start, const std::vector<int64_t>& block_len,
                const std::vector<int64_t>& block_slot) {
-  const int64_t in = x.size(1), ranks = a.size(1), rank = b.size(2), out = y.size(1);
+  const int64_t in = x.size(1), ranks = a.size(1), rank = b.size(2);
   const T* xp = x.data_ptr<T>();
   const T* ap = a.data_ptr<T>();
   const T* bp = b.data_ptr<T>();
   T* yp = y.data_ptr<T>();
   const int64_t xs = x.stride(0), ys = y.stride(0), as = a.stride(0), bs = b.stride(0), br = b.stride(2);
   const int64_t blocks = static_cast<int64_t>(block_start.size());
-  bool lanes = false;  // the AVX-512 BF16 block fits these shapes
+  [[maybe_unused]] bool lanes = false;  // the AVX-512 BF16 block fits these shapes
 #if defined(__AVX512BF16__)
   lanes = std::is_same_v<T, at::BFloat16> && in % 32 == 0;
   for (size_t i = 0; i < lo.size(); ++i) lanes = lanes && (hi[i] - lo[i]) % 16 == 0 && lo[i] % 16 == 0;
 #endif
   at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> xf(RB * in), t(RB * ranks), acc(RB * out);
+    std::vector<float> xf(RB * in), t(RB * ranks);
     for (int64_t k = begin; k < end; ++k) {
       const int64_t slot = block_slot[k];
 #if defined(__AVX512BF16__)
@@ -156,7 +155,7 @@ void lora_rows(at::Tensor& y, const at::Tensor& x, const at::Tensor& a, const at
       }
 #endif
       lora_block<T>(yp, xp, ap + slot * as, bp + slot * bs, xs, ys, br, in, ranks, rank, lo, hi,
-                    order + block_start[k], block_len[k], xf.data(), t.data(), acc.data());
+                    order + block_start[k], block_len[k], xf.data(), t.data());
     }
   });
 }
