@@ -124,7 +124,8 @@ def decode_steps(model, device: torch.device, plan: dict[str, Any], copy_gb_s: f
     """Decode steps with CUDA graphs (eager padded steps on CPU) and without, one runner at
     a time (each holds its own KV pool); prefill tokens/s on the first."""
     from tide_fleet.worker.engine.config import EngineConfig
-    from tide_fleet.worker.engine.model_runner import ModelRunner, model_weight_bytes
+    from tide_fleet.worker.engine.kv_budget import model_weight_bytes
+    from tide_fleet.worker.engine.model_runner import ModelRunner
 
     bs, max_b, max_c = 16, max(plan["batches"]), max(plan["contexts"])
     graphs = "auto" if device.type == "cuda" else "eager"

@@ -67,6 +67,15 @@ class EngineFlag:
         return [self.option, str(given)]
 
 
+def rank_count(text: str) -> int:
+    """--tensor-parallel-size: a whole number of ranks, at least 1."""
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(
+            f"must be a whole number of ranks, 1 or more; got {text!r}"
+        )
+    return int(text)
+
+
 ATTENTION_HELP = "auto: Triton on CUDA, the native C++ kernel on CPU"
 
 # fmt: off
@@ -94,6 +103,9 @@ ENGINE_FLAGS: tuple[EngineFlag, ...] = (
     EngineFlag("batching", "batching", "continuous", choices=("continuous", "static"),
                help="static: admit only into an empty engine, run each batch to completion "
                "(baseline)"),
+    EngineFlag("tensor_parallel_size", "tensor_parallel_size", 1, type=rank_count, metavar="N",
+               help="shard the model over N ranks, one device each (N divides the model's "
+               "KV heads); on CUDA a worker takes N GPUs"),
     EngineFlag("max_loras", "max_loras", 4, type=int, metavar="N",
                help="LoRA adapters one step may run at once (device slots; 0: none served)"),
     EngineFlag("max_cpu_loras", "max_cpu_loras", None, type=int, metavar="N",
@@ -120,6 +132,7 @@ GENERATE_FLAGS: tuple[EngineFlag, ...] = (
         help=ATTENTION_HELP + " (torch reference where it cannot be built)",
     ),
     engine_flag("cuda_graphs"),
+    engine_flag("tensor_parallel_size"),
 )
 
 

@@ -115,6 +115,14 @@ def cmd_worker(args: argparse.Namespace) -> int:
     served = catalog(settings).for_worker(args.served_model, args.model)
     if args.max_lora_rank is None:  # the largest rank its model's adapters declare
         args.max_lora_rank = slot_rank(served, settings.cache_dir)
+    if args.tensor_parallel_size > 1:  # LoRA slots are not split over the ranks
+        if served.adapters:
+            names = ", ".join(a for a, _ in served.adapters)
+            print(f"error: --tensor-parallel-size {args.tensor_parallel_size}: model "
+                  f"{served.name} declares LoRA adapters ({names}), which are served only "
+                  "at --tensor-parallel-size 1", file=sys.stderr)  # fmt: skip
+            return 2
+        args.max_loras = 0
     engine = LLMEngine.from_pretrained(served.path, **engine_kwargs(args))
     buckets = [b.strip() for b in args.buckets.split(",") if b.strip()]
     service = WorkerService(engine, settings, args.pool, buckets, worker_id=args.worker_id,
@@ -125,6 +133,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         watcher = LifecycleWatcher(settings, on_terminate=service.drain)
         watcher.start()
     service.run()
+    engine.close()  # a tensor-parallel worker's other ranks
     if watcher is not None:
         watcher.stop()
         watcher.complete()

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tide_fleet.infra.contract.model_config import ModelConfig
+
 
 @dataclass
 class EngineConfig:
@@ -41,6 +43,9 @@ class EngineConfig:
     max_loras: int = 0
     max_cpu_loras: int | None = None
     max_lora_rank: int = 16
+    # Ranks (processes, one device each) the model is sharded over (worker/parallel/):
+    # 1 runs it in this process alone.
+    tensor_parallel_size: int = 1
 
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
@@ -81,5 +86,14 @@ class EngineConfig:
             )
         if not 1 <= self.max_lora_rank <= 64:
             raise ValueError(f"max_lora_rank must be 1 to 64, got {self.max_lora_rank}")
+        if self.tensor_parallel_size < 1:
+            raise ValueError(
+                f"tensor_parallel_size must be at least 1, got {self.tensor_parallel_size}"
+            )
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ValueError(f"num_kv_blocks must be at least 1, got {self.num_kv_blocks}")
+
+
+def model_len(config: EngineConfig, model: ModelConfig) -> int:
+    """The context the engine serves: its max_model_len, never past the model's own."""
+    return min(config.max_model_len or model.max_model_len, model.max_model_len)

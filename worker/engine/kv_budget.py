@@ -11,13 +11,19 @@ After a profiling run of the largest step (``ModelRunner.profile_run``)::
   allocated after it (the weights), minus the profile's own stand-in KV cache (the real
   pool replaces it).
 
-The CPU keeps its own rule (``kv_cache_fraction`` of MemAvailable, in the model runner).
-Torch-free: a test feeds it the numbers of an L4 or an H200.
+The CPU keeps its own rule (``kv_cache_fraction`` of MemAvailable, shared by the ranks of a
+tensor-parallel worker). Torch-free: a test feeds it the numbers of an L4 or an H200.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+    from tide_fleet.worker.models.llama import LlamaModel
 
 GIB = 1 << 30
 
@@ -80,3 +86,31 @@ def gpu_kv_budget(
             f"with more memory"
         )
     return KVBudget(budget, budget // block_bytes, activation)
+
+
+def model_weight_bytes(model: LlamaModel) -> int:
+    """Bytes of the model's tensors (a tied lm_head counted once)."""
+    seen: dict[int, int] = {}
+    tensors: list[torch.Tensor | None] = [model.embed, model.norm, model.lm_head.weight]
+    for layer in model.layers:
+        tensors += [layer.input_norm, layer.post_norm]
+        for lin in (layer.qkv, layer.o, layer.gate_up, layer.down):
+            tensors += [lin.weight, lin.bias, lin.gemv_weight]
+    for t in tensors:
+        if t is None:
+            continue  # a oneDNN-packed weight (kernels/linear.py) has no data pointer
+        key = id(t) if t.is_mkldnn else t.data_ptr()
+        seen[key] = t.numel() * t.element_size()
+    return sum(seen.values())
+
+
+def available_memory_bytes() -> int:
+    """MemAvailable from /proc/meminfo (Linux); a conservative 4 GiB elsewhere."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 4 << 30

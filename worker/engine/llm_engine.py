@@ -17,11 +17,12 @@ from tide_fleet.infra.contract.tokenizer import Tokenizer
 from tide_fleet.worker.engine.adapters import EngineAdapters, lora_slots
 from tide_fleet.worker.engine.admission import check_prompt_ids, check_request, stop_token_ids
 from tide_fleet.worker.engine.block_manager import BlockManager
-from tide_fleet.worker.engine.config import EngineConfig
+from tide_fleet.worker.engine.config import EngineConfig, model_len
 from tide_fleet.worker.engine.grammar import GrammarMatchers, PendingMasks
 from tide_fleet.worker.engine.model_runner import ModelRunner
 from tide_fleet.worker.engine.output_text import TextOutputs
 from tide_fleet.worker.engine.outputs import RequestOutput, StepStats
+from tide_fleet.worker.engine.ranks import Ranks, load_rank0
 from tide_fleet.worker.engine.request import Request, TokenLogprob
 from tide_fleet.worker.engine.sampler import Sampler
 from tide_fleet.worker.engine.scheduler import ScheduledRequest, Scheduler
@@ -39,16 +40,20 @@ StepHook = Callable[[StepStats | None, list[RequestOutput]], None]
 
 class LLMEngine(EngineAdapters):
     def __init__(
-        self, model: LlamaModel, tokenizer: Tokenizer | None, config: EngineConfig | None = None
-    ) -> None:
+        self, model: LlamaModel, tokenizer: Tokenizer | None, config: EngineConfig | None = None,
+        ranks: Ranks | None = None,
+    ) -> None:  # fmt: skip
+        """``ranks``: with a tensor-parallel ``model`` (rank 0's shard), the other ranks."""
         self.model, self.tokenizer, cuda = model, tokenizer, model.device.type == "cuda"
         self.config = config or EngineConfig()
-        self.max_model_len = min(
-            self.config.max_model_len or model.config.max_model_len, model.config.max_model_len
-        )
+        self.max_model_len = model_len(self.config, model.config)
         cfg = self.config
+        self.ranks = ranks
         self.loras = lora_slots(model, cfg)  # first: their bytes come out of the KV budget
-        self.runner = ModelRunner(model, cfg, self.max_model_len, self.loras)
+        self.runner = ModelRunner(model, cfg, self.max_model_len, self.loras, ranks)
+        if ranks is not None:
+            ranks.wait("ready")
+            ranks.watch()
         self.block_manager = BlockManager(
             self.runner.num_blocks, cfg.block_size, cfg.enable_prefix_caching
         )
@@ -78,10 +83,23 @@ class LLMEngine(EngineAdapters):
     def from_pretrained(
         cls, model: str, dtype: str | None = None, device: str = "auto", **config: Any
     ) -> LLMEngine:
-        folder = resolve_model_path(model)
-        engine = cls(load_model(folder, dtype, device), Tokenizer(folder), EngineConfig(**config))
+        folder, cfg = resolve_model_path(model), EngineConfig(**config)
+        if cfg.tensor_parallel_size == 1:
+            engine = cls(load_model(folder, dtype, device), Tokenizer(folder), cfg)
+        else:
+            model_, ranks = load_rank0(folder, dtype, device, cfg)
+            try:
+                engine = cls(model_, Tokenizer(folder), cfg, ranks)
+            except BaseException:
+                ranks.close()
+                raise
         engine.model_name = model
         return engine
+
+    def close(self) -> None:
+        """Stop a tensor-parallel engine's other ranks (nothing to do for one process)."""
+        if self.ranks is not None:
+            self.ranks.close()
 
     # -- admission ---------------------------------------------------------------
 

@@ -30,7 +30,13 @@ from tide_fleet.kernels.linear import SPLIT_ROWS
 from tide_fleet.worker.engine.config import EngineConfig
 from tide_fleet.worker.engine.decode_graphs import DecodeGraphs, graph_mode
 from tide_fleet.worker.engine.host_memory import keep_step_buffers
-from tide_fleet.worker.engine.kv_budget import GpuMemory, gpu_kv_budget
+from tide_fleet.worker.engine.kv_budget import (
+    GpuMemory,
+    available_memory_bytes,
+    gpu_kv_budget,
+    model_weight_bytes,
+)
+from tide_fleet.worker.engine.peers import StepPeers
 from tide_fleet.worker.engine.sampler import profile_sampling
 from tide_fleet.worker.engine.scheduler import ScheduledRequest, SchedulerOutput
 from tide_fleet.worker.engine.step_inputs import StepBuilder
@@ -47,38 +53,14 @@ class StepResult:
     sampled_ids: list[str]  # request ids, row order of logits
 
 
-def model_weight_bytes(model: LlamaModel) -> int:
-    """Bytes of the model's tensors (a tied lm_head counted once)."""
-    seen: dict[int, int] = {}
-    tensors = [model.embed, model.norm, model.lm_head.weight]
-    for layer in model.layers:
-        tensors += [layer.input_norm, layer.post_norm]
-        for lin in (layer.qkv, layer.o, layer.gate_up, layer.down):
-            tensors += [t for t in (lin.weight, lin.bias, lin.gemv_weight) if t is not None]
-    for t in tensors:  # a oneDNN-packed weight (kernels/linear.py) has no data pointer
-        key = id(t) if t.is_mkldnn else t.data_ptr()
-        seen[key] = t.numel() * t.element_size()
-    return sum(seen.values())
-
-
-def available_memory_bytes() -> int:
-    """MemAvailable from /proc/meminfo (Linux); a conservative 4 GiB elsewhere."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 4 << 30
-
-
 class ModelRunner:
     def __init__(
         self, model: LlamaModel, config: EngineConfig, max_model_len: int,
-        loras: Adapters | None = None,
+        loras: Adapters | None = None, peers: StepPeers | None = None,
     ) -> None:  # fmt: skip
         self.model = model
+        # Tensor parallel, on rank 0: the other ranks, sent each step (worker/engine/ranks.py).
+        self.peers = peers
         # Adapter slots, allocated already: on CUDA the KV budget sees them in use.
         self.loras = loras if isinstance(loras, LoraManager) else None
         self.config = config
@@ -166,7 +148,8 @@ class ModelRunner:
         elif self.device.type == "cuda":
             num = self._cuda_num_blocks(profile_cache_bytes)
         elif self.device.type == "cpu":
-            budget = int(available_memory_bytes() * cfg.kv_cache_fraction) - lora_bytes
+            share = cfg.kv_cache_fraction / cfg.tensor_parallel_size  # ranks share the host
+            budget = int(available_memory_bytes() * share) - lora_bytes
             num = budget // self.block_bytes
         else:
             raise ValueError(
@@ -178,7 +161,9 @@ class ModelRunner:
                 f"{lora_bytes} bytes of LoRA slots: raise kv_cache_memory or kv_cache_fraction"
                 + (", or lower max_loras or max_lora_rank" if lora_bytes else "")
             )
-        return int(min(num, useful))
+        num = int(min(num, useful))
+        # Every rank holds the same block ids: the count the tightest rank can hold.
+        return num if self.model.tp is None else self.model.tp.agree_min(num)
 
     def _cuda_num_blocks(self, profile_cache_bytes: int) -> int:
         """vLLM's rule: utilization x total - in use - the profiled step's activations."""
@@ -274,6 +259,19 @@ class ModelRunner:
         )
 
     def execute(self, out: SchedulerOutput) -> StepResult:
+        if self.peers is None:
+            return self._execute(out)
+        # Tensor parallel: every rank runs the same step, its collectives in lockstep. A
+        # step that fails here leaves the others inside one: the ranks end together.
+        self.peers.send_step(out.scheduled)
+        try:
+            return self._execute(out)
+        except Exception as e:
+            self.peers.lost(f"a step failed on rank 0: {type(e).__name__}: {e}")
+        finally:
+            self.peers.step_done()
+
+    def _execute(self, out: SchedulerOutput) -> StepResult:
         adapted = any(s.lora_slot >= 0 for s in out.scheduled)
         if self.graphs is not None and not adapted and self.graphs.fits(out.scheduled):
             logits, ids = self.graphs.run(out.scheduled)

@@ -24,6 +24,7 @@ from tide_fleet.kernels.elementwise import Elementwise, rms_norm
 from tide_fleet.kernels.linear import Linear, choose_row_split, packed_rows
 from tide_fleet.worker.lora.step import LoraStep
 from tide_fleet.worker.models.rope import RotaryEmbedding, apply_rotary
+from tide_fleet.worker.parallel.group import TensorParallel
 
 
 @dataclass
@@ -44,8 +45,13 @@ class LlamaModel:
         layers: list[LayerWeights],
         norm: torch.Tensor,
         lm_head: Linear,
+        tp: TensorParallel | None = None,
     ) -> None:
-        self.config = config
+        self.config = config  # with tp: this rank's heads and intermediate size
+        # Tensor parallel: this rank's shard (worker/parallel/shard.py); the model adds the
+        # all-reduces and the logits' gather, and runs op by op (no whole-step calls).
+        self.tp = tp
+        self.vocab_start = 0 if tp is None else tp.rank * embed.shape[0]
         self.embed = embed
         self.layers = layers
         self.norm = norm
@@ -95,7 +101,7 @@ class LlamaModel:
             return self._forward_native(input_ids, positions, kv_caches, meta, logits_indices, lora)
         cfg, n, hd = self.config, input_ids.shape[0], self.config.head_dim
         cos, sin = self.rope.tables(positions)
-        hidden = F.embedding(input_ids, self.embed)
+        hidden = self._embed(input_ids)
         for i, (layer, (k_cache, v_cache)) in enumerate(zip(self.layers, kv_caches, strict=True)):
             x = rms_norm(hidden, layer.input_norm, cfg.rms_norm_eps)
             qkv = _adapted(lora, "qkv", i, layer.qkv(x), x)
@@ -106,13 +112,33 @@ class LlamaModel:
             write_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping)
             attn = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale)
             attn_in = attn.reshape(n, self.q_size)
-            hidden = hidden + _adapted(lora, "o", i, layer.o(attn_in), attn_in)
+            hidden = hidden + self._reduce(_adapted(lora, "o", i, layer.o(attn_in), attn_in))
             x = rms_norm(hidden, layer.post_norm, cfg.rms_norm_eps)
             gate, up = _adapted(lora, "gate_up", i, layer.gate_up(x), x).chunk(2, dim=-1)
             act = F.silu(gate) * up
-            hidden = hidden + _adapted(lora, "down", i, layer.down(act), act)
+            hidden = hidden + self._reduce(_adapted(lora, "down", i, layer.down(act), act))
         hidden = rms_norm(hidden[logits_indices], self.norm, cfg.rms_norm_eps)
-        return self.lm_head(hidden).float()
+        return self._logits(hidden)
+
+    def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The rows of the step's tokens; with tp, each rank's vocabulary rows summed."""
+        if self.tp is None:
+            return F.embedding(input_ids, self.embed)
+        local = input_ids - self.vocab_start
+        outside = (local < 0) | (local >= self.embed.shape[0])
+        rows = F.embedding(local.masked_fill(outside, 0), self.embed)
+        return self.tp.all_reduce(rows.masked_fill_(outside.unsqueeze(1), 0))
+
+    def _reduce(self, partial: torch.Tensor) -> torch.Tensor:
+        """A row-split projection's output (o, down): each rank's part summed."""
+        return partial if self.tp is None else self.tp.all_reduce(partial)
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """float32 logits over the whole vocabulary (with tp, every rank's columns)."""
+        logits = self.lm_head(hidden)
+        if self.tp is not None:
+            logits = self.tp.gather_vocab(logits, self.config.vocab_size)
+        return logits.float()
 
     def warm_up_matmuls(self, max_rows: int, max_logit_rows: int) -> list[str]:
         """Build the packed CPU matmuls for every row bucket now (``kernels/linear.py``):
@@ -178,7 +204,8 @@ class LlamaModel:
         ops, cfg = self.native, self.config
         n, hd, eps = input_ids.shape[0], cfg.head_dim, cfg.rms_norm_eps
         # Nothing forced elsewhere, no adapter rows: the whole step may take one native call.
-        whole = lora is None and dispatch.is_default(WHOLE_STEP_OPS, self.device)
+        whole = lora is None and self.tp is None
+        whole = whole and dispatch.is_default(WHOLE_STEP_OPS, self.device)
         if whole and n <= self.decode_rows and _all_one_group_decode(meta, n):
             group = meta.decode_groups[0]
             hidden = ops.decode_layers(
@@ -198,7 +225,7 @@ class LlamaModel:
         if rows > n:
             input_ids = F.pad(input_ids, (0, rows - n))
             positions = F.pad(positions, (0, rows - n))
-        hidden = F.embedding(input_ids, self.embed)
+        hidden = self._embed(input_ids)
         if whole and self._takes_packed_step(n, meta):
             hidden = self._packed_step(hidden, positions, kv_caches, meta)
             return self.lm_head(ops.rms_norm(hidden[logits_indices], self.norm, eps)).float()
@@ -219,16 +246,16 @@ class LlamaModel:
             attn_in = attn.reshape(n, self.q_size)
             if rows > n:
                 attn_in = torch.cat([attn_in, attn_in.new_zeros(rows - n, self.q_size)])
-            attn_out = _adapted(lora, "o", i, layer.o(attn_in), attn_in)
+            attn_out = self._reduce(_adapted(lora, "o", i, layer.o(attn_in), attn_in))
             x = glue.add_rms_norm_(hidden, attn_out, layer.post_norm, eps)
             if layer.gate_up.fuses_silu and lora is None:
                 act = layer.gate_up.silu_glu(x)
             else:
                 act = glue.silu_mul(_adapted(lora, "gate_up", i, layer.gate_up(x), x))
-            delta = _adapted(lora, "down", i, layer.down(act), act)
+            delta = self._reduce(_adapted(lora, "down", i, layer.down(act), act))
         if delta is not None:
             hidden.add_(delta)
-        return self.lm_head(glue.rms_norm(hidden[logits_indices], self.norm, eps)).float()
+        return self._logits(glue.rms_norm(hidden[logits_indices], self.norm, eps))
 
     def _takes_packed_step(self, n: int, meta: AttentionMetadata) -> bool:
         """A step whose attention the native kernels run in place: decode rows in at most

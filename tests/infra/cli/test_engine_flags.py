@@ -51,7 +51,7 @@ def test_serving_commands_take_every_engine_flag(command):
         "dtype": None, "device": "auto", "kv_cache_memory": None,
         "gpu_memory_utilization": 0.9, "max_num_seqs": 64,
         "max_num_batched_tokens": 1024, "attention_backend": "auto", "cuda_graphs": "auto",
-        "enable_prefix_caching": True, "batching": "continuous",
+        "enable_prefix_caching": True, "batching": "continuous", "tensor_parallel_size": 1,
         "max_loras": 4, "max_cpu_loras": None, "max_lora_rank": None,
     }  # fmt: skip
 
@@ -68,7 +68,8 @@ def test_default_worker_argv_is_what_tide_up_always_passed():
     assert argv == [
         "--device", "auto", "--gpu-memory-utilization", "0.9", "--max-num-seqs", "64",
         "--max-num-batched-tokens", "1024", "--attention-backend", "auto",
-        "--cuda-graphs", "auto", "--batching", "continuous", "--max-loras", "4",
+        "--cuda-graphs", "auto", "--batching", "continuous", "--tensor-parallel-size", "1",
+        "--max-loras", "4",
     ]  # fmt: skip
 
 
@@ -79,6 +80,13 @@ def test_lora_flags_reach_the_worker_and_the_engine():
     kwargs = engine_kwargs(parse("worker", *argv))
     assert (kwargs["max_loras"], kwargs["max_cpu_loras"], kwargs["max_lora_rank"]) == (2, 8, 32)
     EngineConfig(**{k: kwargs[k] for k in LORA_KWARGS})  # the engine takes them as they are
+
+
+@pytest.mark.parametrize("size", ["0", "-2", "two"])
+def test_a_rank_count_below_one_is_refused_naming_the_flag(size, capsys):
+    with pytest.raises(SystemExit):
+        parse("worker", "--tensor-parallel-size", size)
+    assert "--tensor-parallel-size: must be a whole number of ranks" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("rank", ["0", "65", "x"])
