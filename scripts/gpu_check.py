@@ -24,7 +24,9 @@ median, host time, compiled variants added), the batch-1 step against its weight
 at the measured copy bandwidth; a profiler split of a steady decode step (device busy vs
 wall: the GPU's idle share); prefill tokens/s at 1k and 8k; sampler cost at temperature 0
 and 1; decode-attention bandwidth against a measured device copy. On CPU (--smoke) the graph
-path runs eagerly (padded static buffers), and the profiler split is skipped.
+path runs eagerly (padded static buffers), and the profiler split is skipped. For the first
+shape, the engine at tensor_parallel_size 1 through the distributed path (NCCL; gloo on
+CPU) against the plain one: greedy tokens and decode step time (scripts/gpu_tp.py).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from typing import Any
 import torch
 from gpu_decode import copy_bandwidth, decode_steps, device_time, section, sync, timed
 from gpu_greedy import greedy_match, logits_gap, stories_references
+from gpu_tp import one_rank
 
 from tide_fleet.worker.models.random_model import SHAPES, build_random_model
 
@@ -145,6 +148,8 @@ def run(smoke: bool, out: Path | None = None, stories: Path | None = None) -> di
         step(entry, "decode", lambda m=model: decode_steps(m, device, plan, copy_gb_s))
         step(entry, "sampler", lambda m=model: sampler_cost(m.config.vocab_size, device,
                                                                 plan["reps"]))  # fmt: skip
+        if shape in ("tiny", "llama3-8b"):
+            step(entry, "tensor_parallel_one_rank", lambda m=model: one_rank(m, device, smoke))
         del model
         if device.type == "cuda":
             torch.cuda.empty_cache()

@@ -67,6 +67,9 @@ def test_the_smoke_run_measures_every_section(tmp_path, stories_path):
     assert decode["graphs_mode"] == "eager" and decode["eager_mode"] == "off"
     assert decode["graphs_b1_c32_over_weight_read"] > 0
     assert set(tiny["sampler"]) == {"b64_t0_ms", "b64_t1_ms"}
+    one_rank = tiny["tensor_parallel_one_rank"]  # gloo on CPU, NCCL on a GPU
+    assert one_rank["backend"] == "gloo" and one_rank["greedy_equal"] is True, one_rank
+    assert one_rank["plain_step_ms"] > 0 and one_rank["tp1_step_ms"] > 0
     stories = report["stories260k_references"]
     assert stories["prompts"] > 0 and stories["matched"] == stories["prompts"], stories
     assert not set(report["imports_outside_allowed"]) & set(SERVICE_MODULES)

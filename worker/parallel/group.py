@@ -59,12 +59,16 @@ class TensorParallel:
         return self.shard.world
 
     def all_reduce(self, t: torch.Tensor) -> torch.Tensor:
-        """Sum ``t`` over the ranks, in place; returns it."""
-        dist.all_reduce(t)
+        """Sum ``t`` over the ranks, in place; returns it (a group of one has nothing to
+        add: no collective is launched, as in vLLM)."""
+        if self.world > 1:
+            dist.all_reduce(t)
         return t
 
     def gather_vocab(self, logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
         """Every rank's logit columns side by side, the padding past the vocabulary cut."""
+        if self.world == 1:
+            return logits[:, :vocab_size]
         logits = logits.contiguous()
         parts = [torch.empty_like(logits) for _ in range(self.world)]
         dist.all_gather(parts, logits)
