@@ -99,7 +99,7 @@ def test_one_call_packed_step_equals_the_op_by_op_loop(tiny_path, dtype, matmul,
 def test_rows_sharing_a_cached_prefix_take_the_shared_kernel(monkeypatch):
     """Five rows behind a cached 288-token prefix (head_dim 32, bf16): the step attends the
     prefix once for all rows (decode_shared_prefix), in one call as op by op."""
-    import tide_fleet.worker.models.llama as llama
+    import tide_fleet.worker.models.llama_native as llama
     from tide_fleet.kernels.attention import native_prefill
     from tide_fleet.worker.models.resolve import resolve_model_path
 

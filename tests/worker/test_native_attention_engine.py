@@ -16,7 +16,7 @@ from tests.conftest import make_engine
 from tide_fleet.kernels import attention
 from tide_fleet.kernels import cpu as cpu_kernels
 from tide_fleet.worker.engine import SamplingParams
-from tide_fleet.worker.models import llama
+from tide_fleet.worker.models import llama_native as llama
 
 pytestmark = pytest.mark.skipif(
     not cpu_kernels.native_prefill(), reason="no AMX tiles or AVX-512 BF16 here"

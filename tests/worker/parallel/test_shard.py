@@ -73,3 +73,27 @@ def test_a_rank_loads_exactly_its_slices_of_the_checkpoint(stories_path):
     assert torch.equal(dense(model.lm_head.weight), model.embed)  # tied: the same rows
     assert model.vocab_start == 256
     assert model.config.num_kv_heads == 2
+
+
+def test_a_sharded_checkpoint_gives_a_rank_the_same_slices(stories_path, tmp_path):
+    """The same tensors split over two files and an index (how large checkpoints ship)."""
+    import json
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(stories_path / "model.safetensors"))
+    names = sorted(tensors)
+    halves = {"model-00001-of-00002.safetensors": names[::2],
+              "model-00002-of-00002.safetensors": names[1::2]}  # fmt: skip
+    for file, part in halves.items():
+        save_file({n: tensors[n] for n in part}, str(tmp_path / file))
+    index = {"weight_map": {n: f for f, part in halves.items() for n in part}}
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
+    shutil.copy(stories_path / "config.json", tmp_path / "config.json")
+    tp = TensorParallel(Shard(1, 2), torch.device("cpu"))
+    whole, split = (load_model(p, "float32", tp=tp) for p in (stories_path, tmp_path))
+    assert torch.equal(whole.embed, split.embed)
+    for a, b in zip(whole.layers, split.layers, strict=True):
+        for name in ("qkv", "o", "gate_up", "down"):
+            assert torch.equal(dense(getattr(a, name).weight), dense(getattr(b, name).weight))
