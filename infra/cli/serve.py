@@ -155,6 +155,7 @@ def cmd_controller(args: argparse.Namespace) -> int:
     from tide_fleet.infra.fleet.controller import Controller
     from tide_fleet.infra.fleet.fleet_config import load_fleet
     from tide_fleet.infra.fleet.local_actuator import LocalActuator
+    from tide_fleet.infra.fleet.pool_gpus import check_flag_agrees
     from tide_fleet.infra.settings import child_env, get_settings
 
     settings = get_settings()
@@ -163,6 +164,10 @@ def cmd_controller(args: argparse.Namespace) -> int:
         return 2
     try:
         fleet = load_fleet(args.fleet)
+        kind = args.actuator or fleet.controller.actuator
+        if kind != "aws":  # its engine flags reach local workers only
+            gpus = {p.name: p.gpus_per_worker for p in fleet.pools.values()}
+            check_flag_agrees(gpus, args.tensor_parallel_size)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -171,7 +176,6 @@ def cmd_controller(args: argparse.Namespace) -> int:
             update={"served_models": fleet.served_models(settings.model)}
         )
     client = redis.Redis.from_url(settings.redis_url)
-    kind = args.actuator or fleet.controller.actuator
     actuator: Any
     if kind == "aws":
         actuator = AwsActuator(fleet, client, endpoint_url=args.aws_endpoint_url)

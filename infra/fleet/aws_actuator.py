@@ -3,7 +3,9 @@
 Scale out with ``set_desired_capacity``; scale in by draining the chosen worker, then
 ``terminate_instance_in_auto_scaling_group`` with ``ShouldDecrementDesiredCapacity``. Keeps
 scale-in protection on busy instances (so neither the ASG nor a target-tracking policy kills a
-worker mid-job) and publishes ``BacklogPerInstance`` to CloudWatch per pool.
+worker mid-job) and publishes ``BacklogPerInstance`` to CloudWatch per pool. An instance whose
+type has fewer GPUs than the pool's ``gpus_per_worker`` (a group that disagrees with
+fleet.toml, which refuses such types: infra/fleet/instance_gpus.py) is reported once.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import redis
 
 from tide_fleet.infra.fleet.actuator import ActuatedWorker
 from tide_fleet.infra.fleet.fleet_config import FleetConfig, PoolConfig
+from tide_fleet.infra.fleet.instance_gpus import instance_gpus
 from tide_fleet.infra.wire.heartbeats import Heartbeat, read_heartbeats
 
 log = logging.getLogger("tide.controller")
@@ -55,6 +58,7 @@ class AwsActuator:
         self.protected: dict[str, bool] = {}
         self._beats: dict[str, Heartbeat] = {}
         self._gone: dict[str, int] = {}  # draining instance -> polls without a heartbeat
+        self._short_of_gpus: set[tuple[str, str]] = set()  # (pool, instance type) reported
 
     def group_name(self, pool: PoolConfig) -> str:
         return f"{self.fleet.aws.name_prefix}-{pool.name}"
@@ -86,6 +90,7 @@ class AwsActuator:
             out.append(ActuatedWorker(f"{PENDING}{k}", "starting", time.time()))
         for inst in instances:
             iid = inst["InstanceId"]
+            self._check_gpus(pool, iid, inst.get("InstanceType"))
             worker_id, beat = beats.get(iid, (iid, None))
             if iid in self.draining or inst["LifecycleState"] == "Terminating:Wait":
                 state = "draining"
@@ -95,6 +100,17 @@ class AwsActuator:
             if beat is not None:
                 self._protect(pool, iid, beat.is_busy)
         return out
+
+    def _check_gpus(self, pool: PoolConfig, iid: str, itype: str | None) -> None:
+        gpus = instance_gpus(itype) if itype else None
+        if gpus is None or gpus.count >= pool.gpus_per_worker:
+            return
+        if (pool.name, itype) not in self._short_of_gpus:
+            self._short_of_gpus.add((pool.name, itype))
+            log.error("pool %s: instance %s is a %s with %d GPU(s) (%s), but a worker takes %d "
+                      "(gpus_per_worker): the group's instance types disagree with the fleet "
+                      "file; render the tfvars again and apply them", pool.name, iid, itype,
+                      gpus.count, gpus.model, pool.gpus_per_worker)  # fmt: skip
 
     def launch(self, pool: PoolConfig, n: int) -> None:
         group = self._group(pool)

@@ -43,7 +43,9 @@ override the settings' thresholds::
     bucket_short_max = 256
     min_workers = 0
 
-A pool's ``lora`` table declares LoRA adapters on its model (infra/fleet/fleet_adapters.py).
+A pool's ``lora`` table declares LoRA adapters on its model (infra/fleet/fleet_adapters.py);
+its ``gpus_per_worker`` makes each worker a tensor-parallel engine on that many GPUs
+(infra/fleet/pool_gpus.py).
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from tide_fleet.infra.fleet.fleet_adapters import check_lora_table, merge_lora
+from tide_fleet.infra.fleet.pool_gpus import check_pool_gpus
 from tide_fleet.infra.plan.devices import get_device
 from tide_fleet.infra.wire.models import ModelCatalog, served
 from tide_fleet.infra.wire.protocol import BUCKETS
@@ -88,6 +91,7 @@ class PoolConfig(BaseModel):
     bucket_short_max: int | None = Field(None, gt=0, description="this model's short bucket")
     bucket_medium_max: int | None = Field(None, gt=0, description="this model's medium bucket")
     worker_args: list[str] = Field(default_factory=list, description="extra `tide worker` flags")
+    gpus_per_worker: int = Field(1, ge=1, strict=True, description="its --tensor-parallel-size")
     lora: dict[str, str] = Field(
         default_factory=dict, description="LoRA adapters on its model: name -> folder or s3://"
     )
@@ -128,6 +132,7 @@ class PoolConfig(BaseModel):
             )
         if self.warm_pool_size and (self.spot or len(self.instance_types) > 1):
             raise ValueError("warm_pool_size needs on-demand capacity of one instance type")
+        check_pool_gpus(self.gpus_per_worker, self.worker_args, self.instance_types)
         return self
 
 

@@ -18,7 +18,8 @@ from pathlib import Path
 
 from tide_fleet.infra.fleet.actuator import ActuatedWorker
 from tide_fleet.infra.fleet.fleet_config import FleetConfig, PoolConfig, model_key
-from tide_fleet.infra.fleet.gpus import VISIBLE, visible_gpus
+from tide_fleet.infra.fleet.gpus import VISIBLE, free_group, visible_gpus
+from tide_fleet.infra.fleet.pool_gpus import TP_FLAG, tensor_parallel_argv, without_flag
 from tide_fleet.infra.fleet.supervisor import spawn
 from tide_fleet.infra.settings import child_env, get_settings
 
@@ -35,7 +36,7 @@ class _Proc:
     proc: subprocess.Popen[bytes]
     started: float
     draining: bool = False
-    gpu: str | None = None  # its CUDA_VISIBLE_DEVICES, when this machine has GPUs
+    gpus: tuple[str, ...] = ()  # its CUDA_VISIBLE_DEVICES, when this machine has GPUs
 
 
 class LocalActuator:
@@ -48,9 +49,11 @@ class LocalActuator:
     worker drained while starting never counts as capacity. After ``close`` nothing is
     launched again (the controller thread may still be mid-decision). Workers get `env`
     (default: ``child_env`` of this process's settings), their output goes to
-    ``<log_dir>/<worker id>.log`` when a `log_dir` is given. On a machine with GPUs each
-    worker gets one to itself (``CUDA_VISIBLE_DEVICES``; infra/fleet/gpus.py), so no more
-    workers run than there are GPUs, over every pool."""
+    ``<log_dir>/<worker id>.log`` when a `log_dir` is given. A worker runs with its pool's
+    ``--tensor-parallel-size`` (``gpus_per_worker``; the same flag in `worker_argv` gives
+    way). On a machine with GPUs each worker gets that many to itself
+    (``CUDA_VISIBLE_DEVICES``; infra/fleet/gpus.py): a worker whose GPUs are not free is
+    not started, so workers never share a GPU, over every pool."""
 
     def __init__(
         self,
@@ -61,7 +64,8 @@ class LocalActuator:
     ) -> None:
         self.fleet = fleet
         self.env = dict(child_env(get_settings()) if env is None else env)
-        self.worker_argv = worker_argv or []  # engine flags shared by every pool
+        # Engine flags shared by every pool; each pool's own GPUs per worker set the TP size.
+        self.worker_argv = without_flag(worker_argv or [], TP_FLAG)
         self.log_dir = log_dir
         self.procs: dict[str, dict[str, _Proc]] = {name: {} for name in fleet.pools}
         self.run_id = secrets.token_hex(3)
@@ -90,28 +94,29 @@ class LocalActuator:
                 if not self._spawn(pool):
                     break
 
-    def _free_gpu(self) -> str | None:
-        held = {
-            p.gpu for pool in self.procs.values() for p in pool.values() if p.proc.poll() is None
-        }
-        return next((g for g in self.gpus if g not in held), None)
+    def _held_gpus(self) -> set[str]:
+        procs = (p for pool in self.procs.values() for p in pool.values())
+        return {g for p in procs if p.proc.poll() is None for g in p.gpus}
 
     def _spawn(self, pool: PoolConfig) -> bool:
-        env, gpu = self.env, None
+        env, gpus = self.env, None
         if self.gpus:
-            gpu = self._free_gpu()
-            if gpu is None:
-                log.warning("pool %s: every GPU (%s) has a worker; not starting another",
-                            pool.name, ",".join(self.gpus))  # fmt: skip
+            n, held = pool.gpus_per_worker, self._held_gpus()
+            gpus = free_group(self.gpus, held, n)
+            if gpus is None:
+                log.warning("pool %s: a worker takes %d GPU(s) and %d of the %d (%s) are "
+                            "free; not starting another", pool.name, n,
+                            len(self.gpus) - len(held), len(self.gpus),
+                            ",".join(self.gpus))  # fmt: skip
                 return False
-            env = {**self.env, VISIBLE: gpu}
+            env = {**self.env, VISIBLE: ",".join(gpus)}
         self._seq += 1
         self.launched += 1
         worker_id = f"{pool.name}-local-{self.run_id}-{self._seq}"
         argv = [
             sys.executable, "-m", "tide_fleet.infra.cli", "worker", "--pool", pool.name,
             "--buckets", ",".join(pool.buckets), "--worker-id", worker_id,
-            *self.worker_argv, *pool.worker_args,
+            *self.worker_argv, *tensor_parallel_argv(pool.gpus_per_worker), *pool.worker_args,
         ]  # fmt: skip
         if pool.model:
             argv += ["--model", pool.model]
@@ -120,8 +125,10 @@ class LocalActuator:
             argv += ["--served-model", model_key(pool) or default]
         log_file = Path(self.log_dir) / f"{worker_id}.log" if self.log_dir else None
         proc = spawn(argv, env=env, log_file=log_file)
-        self.procs[pool.name][worker_id] = _Proc(worker_id, proc, time.time(), gpu=gpu)
-        on = f" on GPU {gpu}" if gpu is not None else ""
+        self.procs[pool.name][worker_id] = _Proc(
+            worker_id, proc, time.time(), gpus=tuple(gpus or ())
+        )
+        on = f" on GPU {','.join(gpus)}" if gpus else ""
         log.info("pool %s: started worker %s (pid %d)%s", pool.name, worker_id, proc.pid, on)
         return True
 

@@ -2,8 +2,10 @@
 
 Without a fleet file, ``tide up`` runs ``local_default_fleet``: one CPU pool per model of its
 ``--model`` flags, each with the LoRA adapters its ``--lora NAME=PATH`` flags declare (a
-``--lora`` belongs to the ``--model`` before it; before any, to the first). Declared adapters
-are checked against their base before anything starts (infra/fleet/fleet_adapters.py).
+``--lora`` belongs to the ``--model`` before it; before any, to the first), its workers
+taking ``--tensor-parallel-size`` GPUs each (the pools' ``gpus_per_worker``). Declared
+adapters are checked against their base before anything starts
+(infra/fleet/fleet_adapters.py).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from tide_fleet.infra.fleet.fleet_config import (
     split_model_spec,
 )
 from tide_fleet.infra.fleet.local_actuator import LocalActuator
+from tide_fleet.infra.fleet.pool_gpus import check_flag_agrees
 from tide_fleet.infra.fleet.redis_server import EmbeddedRedis
 from tide_fleet.infra.fleet.supervisor import Supervisor, ThreadProc, spawn
 from tide_fleet.infra.jobs.celery_app import use_broker
@@ -127,6 +130,7 @@ class LocalFleet:
 
     def _fleet_config(self) -> FleetConfig:
         a = self.args
+        tp = getattr(a, "tensor_parallel_size", 1)
         try:
             if a.fleet:
                 if getattr(a, "lora", None):
@@ -134,16 +138,18 @@ class LocalFleet:
                         "--lora: with --fleet, declare adapters in the fleet file (a pool's "
                         "lora table)"
                     )
-                return load_fleet(a.fleet)
+                fleet = load_fleet(a.fleet)
+                check_flag_agrees({p.name: p.gpus_per_worker for p in fleet.pools.values()}, tp)
+                return fleet
             models = a.model if len(a.model or []) > 1 else None
             lora = lora_tables(getattr(a, "lora", None) or [], len(a.model or []))
             if a.min_workers is None and a.max_workers is None:
-                return local_default_fleet(a.workers, models=models, lora=lora)
+                return local_default_fleet(a.workers, models=models, lora=lora, gpus_per_worker=tp)
             low = a.min_workers if a.min_workers is not None else 0
             high = a.max_workers if a.max_workers is not None else max(a.workers, 1)
             if high < 1:
                 raise ValueError(f"--max-workers must be at least 1, got {high}")
-            return local_default_fleet(low, high, models=models, lora=lora)
+            return local_default_fleet(low, high, models=models, lora=lora, gpus_per_worker=tp)
         except ValueError as e:  # names the field and the limit
             raise SystemExit(f"tide up: {e}") from None
 
@@ -195,13 +201,14 @@ class LocalFleet:
 
 def local_default_fleet(
     min_workers: int = 1, max_workers: int | None = None, models: list[str] | None = None,
-    lora: list[dict[str, str]] | None = None,
+    lora: list[dict[str, str]] | None = None, gpus_per_worker: int = 1,
 ) -> FleetConfig:  # fmt: skip
     """What `tide up` runs without a fleet file: one CPU pool serving every bucket
     (min = max unless max_workers is given); bad sizes raise ValueError naming them. With
     two or more `models` (``PATH`` or ``NAME=PATH``, the first the default), one such pool
     per model, named after it. `lora`: each model's LoRA adapters, in the order of `models`
-    (one model: the first table)."""
+    (one model: the first table). Every worker takes `gpus_per_worker` GPUs (where the
+    machine has GPUs)."""
     tables = lora or []
     pool = {
         "buckets": list(BUCKETS),
@@ -210,6 +217,7 @@ def local_default_fleet(
         "max_workers": max(min_workers, 1) if max_workers is None else max_workers,
         "idle_s": 60.0,
         "cold_start_s": 5.0,
+        "gpus_per_worker": gpus_per_worker,
     }
     pools: dict[str, dict[str, Any]] = {"default": pool | {"lora": tables[0] if tables else {}}}
     if models is not None and len(models) > 1:

@@ -55,6 +55,7 @@ POOL_KEYS = (
     "drain_timeout_s",
     "model",
     "worker_args",
+    "gpus_per_worker",
     "target_tracking",
     "target_backlog_per_instance",
 )
@@ -109,6 +110,7 @@ def pool_vars(pool: PoolConfig) -> dict[str, Any]:
         "drain_timeout_s": math.ceil(pool.drain_timeout_s),
         "model": pool.model or "",
         "worker_args": list(pool.worker_args),
+        "gpus_per_worker": pool.gpus_per_worker,
         "target_tracking": pool.target_tracking,
         "target_backlog_per_instance": pool.target_backlog_per_instance,
     }

@@ -19,7 +19,7 @@ class ModelResult:
     jobs: int
     p50_wait_s: float
     p99_wait_s: float
-    gpu_hours: float  # its pools' workers, launch to removal (one worker = one GPU)
+    gpu_hours: float  # its pools' workers, launch to removal, times their gpus_per_worker
 
     def summary(self) -> dict[str, float | int]:
         return {
@@ -77,7 +77,8 @@ def measure(
     end: float,
 ) -> PolicyResult:
     """The figures of a finished run: each job's wait (in job order) is judged against its
-    home pool's target_wait_s; workers are billed from launch to removal (or the end)."""
+    home pool's target_wait_s; workers are billed from launch to removal (or the end), one
+    GPU-hour per hour for each GPU a worker takes (its pool's gpus_per_worker)."""
     pools = routing.fleet.pools
     by_pool: dict[str, list[float]] = {p: [] for p in pools}
     by_model: dict[str, list[float]] = {key: [] for key in routing.models.by_key}
@@ -89,7 +90,7 @@ def measure(
         met += wait <= pools[home].target_wait_s
     billed = dict.fromkeys(routing.models.by_key, 0.0)
     for w in workers:
-        billed[routing.pool_model[w.pool]] += min(w.removed, end) - w.launched
+        billed[routing.pool_model[w.pool]] += w.gpu_seconds(end)
     models = {
         routing.name_of(key): ModelResult(
             len(ws), _percentile_or_zero(ws, 50), _percentile_or_zero(ws, 99), billed[key] / 3600
@@ -100,7 +101,7 @@ def measure(
     short = [w for j, w in zip(jobs, waits, strict=True) if j.bucket == "short"]
     return PolicyResult(
         policy=policy,
-        gpu_hours=sum(min(w.removed, end) - w.launched for w in workers) / 3600,
+        gpu_hours=sum(w.gpu_seconds(end) for w in workers) / 3600,
         p50_wait_s=_percentile_or_zero(waits, 50),
         p99_wait_s=_percentile_or_zero(waits, 99),
         p99_wait_short_s=_percentile_or_zero(short, 99),

@@ -1,6 +1,6 @@
 """How fast one simulated worker serves its batch: the decode roofline (infra/plan/roofline.py)
-for the pool's model on its device, or a measured curve from a service file
-(docs/simulator.md)."""
+for the pool's model on its device (split over its ``gpus_per_worker`` GPUs), or a measured
+curve from a service file (docs/simulator.md)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any
 from tide_fleet.infra.fleet.fleet_config import FleetConfig, PoolConfig
 from tide_fleet.infra.plan.devices import get_device
 from tide_fleet.infra.plan.planner import PlanError, load_shape, plan
-from tide_fleet.infra.plan.roofline import DevicePeaks, ModelCost
+from tide_fleet.infra.plan.roofline import DevicePeaks, ModelCost, allreduce_bytes
 from tide_fleet.infra.sim.traces import Job
 
 DEFAULT_MODEL = "llama-3-8b"  # a planner preset: what pools without `model` are taken to serve
@@ -37,6 +37,7 @@ class ServiceModel:
     flop_s_per_ctx: float = 0.0  # attention compute per context token
     prefill_s_per_token: float = 0.0  # a prompt token's prefill ...
     prefill_s_per_token_sq: float = 0.0  # ... and its attention over the prompt
+    allreduce_s_per_token: float = 0.0  # split over GPUs: each token's all-reduces (no overlap)
     source: str = "roofline"
 
     def __post_init__(self) -> None:
@@ -45,12 +46,14 @@ class ServiceModel:
                 raise ValueError(f"service model: {name} must be > 0, got {getattr(self, name)}")
 
     def job_costs(self, job: Job) -> tuple[float, float, float]:
-        """(memory, compute, prefill) seconds the job adds to each step while it runs."""
+        """(memory, compute, prefill) seconds the job adds to each step while it runs; the
+        all-reduces of its decode token and its prompt's share count with the prefill (they
+        add to the step, whatever bounds it)."""
         ctx = job.prompt_tokens + job.output_tokens / 2
-        p = job.prompt_tokens
-        prefill = (self.prefill_s_per_token * p + self.prefill_s_per_token_sq * p * p) / (
-            job.output_tokens
-        )
+        p, comm = job.prompt_tokens, self.allreduce_s_per_token
+        per_prompt_token = self.prefill_s_per_token + comm
+        prefill = (per_prompt_token * p + self.prefill_s_per_token_sq * p * p) / job.output_tokens
+        prefill += comm
         return (
             self.mem_s_per_seq + self.mem_s_per_ctx * ctx,
             self.flop_s_per_seq + self.flop_s_per_ctx * ctx,
@@ -101,14 +104,16 @@ def _flag(pool: PoolConfig, name: str) -> int | None:
 
 def roofline_model(pool: PoolConfig) -> ServiceModel:
     """The pool's model (a planner preset or config.json; llama-3-8b when it names none) on its
-    device: the planner's KV budget and decode roofline at EFFICIENCY, bf16 weights and KV."""
-    dev = get_device(pool.device)
+    device: the planner's KV budget and decode roofline at EFFICIENCY, bf16 weights and KV.
+    A worker of N GPUs (gpus_per_worker) is one GPU's shard plus the all-reduces over the
+    device's interconnect, as the planner splits it."""
+    dev, n = get_device(pool.device), pool.gpus_per_worker
     try:
         shape = load_shape(pool.model or DEFAULT_MODEL)
-        kv_tokens = plan(shape, device=dev).kv_budget_tokens
+        kv_tokens = plan(shape, device=dev, tensor_parallel_size=n).kv_budget_tokens
     except PlanError as e:
         raise ValueError(f"pools.{pool.name}: {e}; describe it with --service FILE") from None
-    cost = ModelCost.from_shape(shape, "bfloat16", "bfloat16")
+    cost = ModelCost.from_shape(shape, "bfloat16", "bfloat16", n)
     kvpt = cost.kv_bytes_per_token
     kv_memory = _flag(pool, "--kv-cache-memory")
     if kv_memory is not None:
@@ -118,6 +123,8 @@ def roofline_model(pool: PoolConfig) -> ServiceModel:
     flops = peaks.flops * EFFICIENCY
     attention = cost.attention_flops_per_position  # per context token
     dense = cost.flops_per_token(0)
+    link = dev.interconnect_bandwidth * EFFICIENCY
+    allreduce = allreduce_bytes(shape, 1, n) / link if n > 1 else 0.0
     return ServiceModel(
         max_num_seqs=_flag(pool, "--max-num-seqs") or DEFAULT_MAX_NUM_SEQS,
         kv_tokens=kv_tokens,
@@ -127,7 +134,8 @@ def roofline_model(pool: PoolConfig) -> ServiceModel:
         flop_s_per_ctx=attention / flops,
         prefill_s_per_token=dense / flops,
         prefill_s_per_token_sq=attention / 2 / flops,  # mean context p/2 over the prompt
-        source=f"planner roofline: {shape.name} on {dev.name}",
+        allreduce_s_per_token=allreduce,
+        source=f"planner roofline: {shape.name} on {f'{n} x ' if n > 1 else ''}{dev.name}",
     )
 
 

@@ -14,7 +14,7 @@ class SimWorker:
     tokens per job so far), so a batch change costs one heap push, not a pass over jobs."""
 
     __slots__ = (
-        "flop", "heap", "idle_since", "kv_used", "launched", "mem", "model", "pool",
+        "flop", "gpus", "heap", "idle_since", "kv_used", "launched", "mem", "model", "pool",
         "prefill", "queues", "ready_at", "removed", "served", "state", "t_last",
         "version", "vt", "wid",
     )  # fmt: skip
@@ -24,6 +24,7 @@ class SimWorker:
         cold: float,
     ) -> None:  # fmt: skip
         self.wid, self.pool, self.model = wid, pool.name, model
+        self.gpus = pool.gpus_per_worker  # it holds (tensor parallel); each one is billed
         self.queues = queues  # its model's queues of its pool's buckets, in preference order
         self.launched, self.ready_at, self.removed = now, now + cold, math.inf
         self.state = "starting" if cold > 0 else "ready"
@@ -39,6 +40,10 @@ class SimWorker:
     @property
     def running(self) -> int:
         return len(self.heap)
+
+    def gpu_seconds(self, end: float) -> float:
+        """GPU time billed from launch to removal (or `end`)."""
+        return (min(self.removed, end) - self.launched) * self.gpus
 
     def can_take(self, job: Job) -> bool:
         m = self.model

@@ -53,6 +53,7 @@ def check_pools(url: str, tfvars: dict[str, Any]) -> None:
         user_data = base64.b64decode(data["UserData"]).decode()
         command = f"tide worker --pool {name} --buckets {','.join(pool['buckets'])}"
         assert command in user_data and "REDIS_URL='redis://" in user_data
+        assert_tensor_parallel_size(user_data, pool["gpus_per_worker"])
         assert_bash_syntax(user_data)
         (hook,) = asg.describe_lifecycle_hooks(AutoScalingGroupName=group_name)["LifecycleHooks"]
         assert hook["LifecycleHookName"] == "tide-drain"
@@ -65,6 +66,12 @@ def check_pools(url: str, tfvars: dict[str, Any]) -> None:
             assert not warm
         policies = asg.describe_policies(AutoScalingGroupName=group_name)["ScalingPolicies"]
         assert len(policies) == int(pool["target_tracking"])
+
+
+def assert_tensor_parallel_size(user_data: str, gpus_per_worker: int) -> None:
+    """The worker unit runs `tide worker` with the pool's GPUs per worker as its TP size."""
+    (line,) = [x for x in user_data.splitlines() if x.startswith("ExecStart=") and " worker " in x]
+    assert f" --tensor-parallel-size {gpus_per_worker} " in f"{line} ", line
 
 
 def check_control_plane(url: str, tfvars: dict[str, Any], outputs: dict[str, Any]) -> None:

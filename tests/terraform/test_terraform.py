@@ -52,9 +52,12 @@ FAKE_AWS = {
     "AWS_DEFAULT_REGION": REGION,
     "AWS_EC2_METADATA_DISABLED": "true",
 }
-# The example fleet, plus a warm pool and a target-tracking policy on the big pool, so
-# the apply exercises both.
-BIG_EXTRAS = "warm_pool_size = 1\ntarget_tracking = true\ntarget_backlog_per_instance = 3\n"
+# The example fleet, plus a warm pool, a target-tracking policy and workers of two GPUs on
+# the big pool, so the apply exercises them.
+BIG_EXTRAS = (
+    "warm_pool_size = 1\ntarget_tracking = true\ntarget_backlog_per_instance = 3\n"
+    "gpus_per_worker = 2\n"
+)
 
 
 def find_mirror() -> Path | None:
@@ -231,14 +234,16 @@ def test_plan_elasticache_fleet(
 
 
 @pytest.mark.slow
-def test_warm_pool_with_spot_and_negative_days_are_refused(
+def test_warm_pool_with_spot_too_few_gpus_and_negative_days_are_refused(
     tf_root: Path, tf_env: dict[str, str], moto_url: str, tfvars: dict[str, Any]
 ) -> None:
     """The modules' own checks, for hand-written tfvars (the fleet config refuses a warm pool
-    with spot too): one plan reports both."""
+    with spot, and instance types with too few GPUs, too): one plan reports them all."""
     cwd = tf_root / EXAMPLE
     bad = json.loads(json.dumps({"pools": tfvars["pools"]}))
     bad["pools"]["small"]["warm_pool_size"] = 1
+    bad["pools"]["small"]["instance_types"] = ["g6.xlarge", "g5.12xlarge", "x9.huge"]
+    bad["pools"]["small"]["gpus_per_worker"] = 2
     (cwd / "bad.tfvars.json").write_text(json.dumps(bad))
     proc = subprocess.run(
         ["terraform", "plan", "-input=false", "-no-color", "-var-file=bad.tfvars.json",
@@ -248,6 +253,8 @@ def test_warm_pool_with_spot_and_negative_days_are_refused(
     assert proc.returncode != 0
     errors = " ".join(proc.stderr.split())
     assert "pool small: a warm pool needs on-demand capacity of one instance type" in errors
+    assert ("pool small: a worker takes 2 GPUs (gpus_per_worker), more than instance types "
+            "g6.xlarge (1 GPU), x9.huge (GPU count unknown) hold") in errors  # fmt: skip
     assert "noncurrent_version_days must be a whole number of days, 0 or more" in errors
 
 

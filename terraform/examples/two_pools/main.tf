@@ -91,6 +91,7 @@ module "pool" {
   drain_timeout_s             = each.value.drain_timeout_s
   model                       = each.value.model
   worker_args                 = each.value.worker_args
+  gpus_per_worker             = each.value.gpus_per_worker
   target_tracking             = each.value.target_tracking
   target_backlog_per_instance = each.value.target_backlog_per_instance
 

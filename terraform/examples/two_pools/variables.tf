@@ -64,6 +64,7 @@ variable "pools" {
     drain_timeout_s             = number
     model                       = string
     worker_args                 = list(string)
+    gpus_per_worker             = number
     target_tracking             = bool
     target_backlog_per_instance = number
   }))

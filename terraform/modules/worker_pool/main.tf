@@ -46,6 +46,7 @@ locals {
   worker_argv = concat(
     ["--pool", var.pool_name, "--buckets", join(",", var.buckets)],
     local.model_local == "" ? [] : ["--model", local.model_local],
+    ["--tensor-parallel-size", tostring(var.gpus_per_worker)],
     var.worker_args,
   )
 
@@ -278,6 +279,10 @@ resource "aws_autoscaling_group" "pool" {
     precondition {
       condition     = !var.spot || var.on_demand_base <= var.max_size
       error_message = "pool ${var.pool_name}: on_demand_base (${var.on_demand_base}) exceeds max_size (${var.max_size})."
+    }
+    precondition {
+      condition     = length(local.short_of_gpus) == 0
+      error_message = "pool ${var.pool_name}: a worker takes ${var.gpus_per_worker} GPUs (gpus_per_worker), more than instance types ${join(", ", local.short_of_gpus)} hold; use types with at least ${var.gpus_per_worker} GPUs (gpus.tf)."
     }
   }
 }

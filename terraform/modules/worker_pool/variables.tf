@@ -55,6 +55,17 @@ variable "worker_args" {
   }
 }
 
+variable "gpus_per_worker" {
+  description = "GPUs each worker takes (fleet.toml gpus_per_worker): it runs as `tide worker --tensor-parallel-size N`, one worker per instance, so each instance type needs at least N GPUs (gpus.tf)."
+  type        = number
+  default     = 1
+
+  validation {
+    condition     = var.gpus_per_worker >= 1 && floor(var.gpus_per_worker) == var.gpus_per_worker
+    error_message = "gpus_per_worker: a whole number >= 1."
+  }
+}
+
 variable "tide_wheel_s3_uri" {
   description = "s3://BUCKET/KEY of the Tide wheel to install (the example uploads the operator's build there). Each instance downloads it with its role, checks it against tide_wheel_sha256 and pip-installs that file."
   type        = string

@@ -234,11 +234,13 @@ def test_lifecycle_watcher_drains_then_completes_the_action():
 class _FakeGroup:
     """describe/set on one Auto Scaling group, with instances that lag DesiredCapacity."""
 
-    def __init__(self, desired: int, instances: list[str]) -> None:
+    def __init__(self, desired: int, instances: list[str], instance_type: str = "g6.xlarge"):
         self.desired, self.instances, self.calls = desired, instances, []
+        self.instance_type = instance_type
 
     def describe_auto_scaling_groups(self, AutoScalingGroupNames):
-        insts = [{"InstanceId": i, "LifecycleState": "Pending"} for i in self.instances]
+        insts = [{"InstanceId": i, "LifecycleState": "Pending", "InstanceType": self.instance_type}
+                 for i in self.instances]  # fmt: skip
         group = {"DesiredCapacity": self.desired, "MinSize": 0, "MaxSize": 8, "Instances": insts}
         return {"AutoScalingGroups": [group]}
 
@@ -277,3 +279,27 @@ def test_capacity_not_listed_yet_counts_so_a_burst_is_not_launched_twice(redis_c
     # Draining capacity that was never launched just asks for one fewer.
     actuator.drain(pool, "pending-0")
     assert asg.calls[-1] == asg.desired
+
+
+def test_an_instance_with_too_few_gpus_for_its_pool_is_reported_once(redis_client, caplog):
+    """A group whose instance type disagrees with fleet.toml's gpus_per_worker (the fleet file
+    itself refuses such a type): named once, scaling goes on."""
+    fleet = parse_fleet({"pools": {"gpu": {"buckets": ["short", "medium", "long"],
+                                           "instance_types": ["g6.12xlarge"],
+                                           "gpus_per_worker": 4}}})  # fmt: skip
+    pool = fleet.pools["gpu"]
+    asg = _FakeGroup(desired=2, instances=["i-1", "i-2"], instance_type="g6.xlarge")
+    actuator = AwsActuator(fleet, redis_client, autoscaling=asg, cloudwatch=_BrokenCloudWatch())
+    with caplog.at_level("ERROR", logger="tide.controller"):
+        actuator.list_workers(pool)
+        actuator.list_workers(pool)
+    (record,) = [r.getMessage() for r in caplog.records if "GPU" in r.getMessage()]
+    assert record.startswith("pool gpu: instance i-1 is a g6.xlarge with 1 GPU(s) (NVIDIA L4), ")
+    assert "but a worker takes 4 (gpus_per_worker)" in record
+    caplog.clear()
+    asg.instance_type = "g6.12xlarge"  # the group's own type: nothing to say
+    with caplog.at_level("ERROR", logger="tide.controller"):
+        AwsActuator(
+            fleet, redis_client, autoscaling=asg, cloudwatch=_BrokenCloudWatch()
+        ).list_workers(pool)
+    assert not caplog.records

@@ -97,6 +97,7 @@ def assert_pool_matches(rendered: dict[str, Any], pool: Any) -> None:
     assert rendered["drain_timeout_s"] >= pool.drain_timeout_s > rendered["drain_timeout_s"] - 1
     assert rendered["model"] == (pool.model or "")
     assert rendered["worker_args"] == pool.worker_args
+    assert rendered["gpus_per_worker"] == pool.gpus_per_worker
     assert rendered["target_tracking"] is pool.target_tracking
     assert rendered["target_backlog_per_instance"] == pool.target_backlog_per_instance
 
@@ -136,6 +137,7 @@ def test_every_field_round_trips_through_a_file(tmp_path: Path) -> None:
             "model": "s3://acme-models/llama-3-8b",
             "worker_args": ["--max-num-seqs", "128"],
             "device": "a100-80gb",
+            "gpus_per_worker": 4,
         },
         small={"on_demand_base": 1, "model": "/opt/models/tiny"},
         aws={"subnet_ids": ["subnet-0abc1234", "subnet-0def5678"]},
@@ -150,6 +152,7 @@ def test_every_field_round_trips_through_a_file(tmp_path: Path) -> None:
     big = out["pools"]["big"]
     assert (big["warm_pool_size"], big["min_size"], big["drain_timeout_s"]) == (2, 1, 121)
     assert big["model"] == "s3://acme-models/llama-3-8b"
+    assert (big["gpus_per_worker"], out["pools"]["small"]["gpus_per_worker"]) == (4, 1)
     assert out["pools"]["small"]["on_demand_base"] == 1
     assert out["subnet_ids"] == ["subnet-0abc1234", "subnet-0def5678"]
     assert out["tide_wheel"] == str(tmp_path.resolve() / "dist" / WHEEL_NAME)
@@ -230,6 +233,10 @@ FLEET_ERRORS = [
     ({"big": {"warm_pool_size": 1, "spot": True}}, "warm_pool_size needs on-demand capacity"),
     ({"big": {"min_workers": 3, "max_workers": 2}}, "min_workers (3) exceeds max_workers (2)"),
     ({"big": {"buckets": ["huge"]}}, "pools.big.buckets: Value error, unknown bucket 'huge'"),
+    (
+        {"small": {"gpus_per_worker": 2}},
+        "pools.small: Value error, instance_types: instance type g6.xlarge has 1 GPU",
+    ),
 ]
 
 
