@@ -141,10 +141,16 @@ class Plan:
         return self.tensor_parallel_size > 1
 
     def worker_flags(self) -> str:
+        """The `tide worker` flags of this plan (--kv-cache-memory is each rank's pool)."""
+        split = (
+            f" --tensor-parallel-size {self.tensor_parallel_size}"
+            if self.is_tensor_parallel
+            else ""
+        )
         return (
             f"--max-num-seqs {self.recommended_max_num_seqs} "
             f"--max-num-batched-tokens {self.recommended_max_num_batched_tokens} "
-            f"--kv-cache-memory {self.kv_budget_bytes}"
+            f"--kv-cache-memory {self.kv_budget_bytes}{split}"
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -316,8 +322,9 @@ def plan(
         )
     if n > 1:
         warnings.append(
-            f"Tide's engine runs a model on one device: a plan split {n} ways is for engines "
-            f"with tensor parallelism (vLLM's --tensor-parallel-size {n})"
+            f"the step time split {n} ways is a model (reads plus all-reduces, no overlap), "
+            f"not a measurement; serve it with tide worker --tensor-parallel-size {n} "
+            f"(fleet.toml: gpus_per_worker = {n})"
         )
     if activations > reserve_bytes:
         warnings.append(

@@ -40,6 +40,10 @@ def test_70b_fits_h100s_with_per_gpu_shares(n):
     assert p.step_allreduce_seconds == pytest.approx(p.step_allreduce_bytes / 450e9)
     assert p.interconnect == "NVLink 4"
     assert p.decode_tokens_per_s == pytest.approx(p.recommended_max_num_seqs / p.step_seconds)
+    # The flags serve it: each rank's KV pool, the model split n ways.
+    assert p.worker_flags().endswith(
+        f"--kv-cache-memory {p.kv_budget_bytes} --tensor-parallel-size {n}"
+    )
 
 
 def test_allreduce_bytes_formula():
