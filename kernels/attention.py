@@ -127,7 +127,7 @@ def paged_attention(
         if cpp:
             out[group.rows] = _cpp_decode(query[group.rows], k_cache, v_cache, group, scale)
         elif decode == "triton":
-            out[group.rows] = _triton_decode(query[group.rows], k_cache, v_cache, group, scale)
+            _triton_decode(query[group.rows], k_cache, v_cache, group, scale, out[group.rows])
         else:
             out[group.rows] = torch_attention.decode_attention(
                 query[group.rows], k_cache, v_cache, group, scale
@@ -233,8 +233,8 @@ def _triton_attention(
     scale: float,
 ) -> torch.Tensor:
     out = torch.empty_like(query)
-    for g in meta.decode_groups:
-        out[g.rows] = _triton_decode(query[g.rows], k_cache, v_cache, g, scale)
+    for g in meta.decode_groups:  # each group's rows written in place
+        _triton_decode(query[g.rows], k_cache, v_cache, g, scale, out[g.rows])
     return _triton_prefill(query, k_cache, v_cache, meta, scale, out)
 
 
@@ -244,12 +244,13 @@ def _triton_decode(
     v_cache: torch.Tensor,
     g: DecodeGroup,
     scale: float,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     # Here, not at the top: Triton is optional (a dev extra; CPU-only installs lack it).
     from tide_fleet.kernels import triton_attention as tk
 
     return tk.decode_attention(
-        query, k_cache, v_cache, g.block_tables, g.context_lens, scale, g.max_context
+        query, k_cache, v_cache, g.block_tables, g.context_lens, scale, g.max_context, out
     )
 
 
