@@ -13,22 +13,17 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 import pytest
-import redis
 import torch
 from openai import OpenAI
 
-from tests.conftest import ROOT, wait_for
+from tests.conftest import wait_for
 from tests.lora_fixtures import ATTENTION, MLP, make_adapter
-from tests.service.procs import descendants
-from tide_fleet.infra.fleet.local_fleet import wait_ready
-from tide_fleet.infra.fleet.redis_server import free_port
+from tests.service.live_up import done_statuses, tide_up, wait_ended
 from tide_fleet.infra.wire.backlog import adapter_backlog
 from tide_fleet.infra.wire.heartbeats import read_heartbeats
 from tide_fleet.infra.wire.protocol import Keys
@@ -92,33 +87,19 @@ def continuation(stories: Path, prompt: str, ids: list[int]) -> str:
     return whole[len(tok.decode(head, skip_special_tokens=True)) :]
 
 
-def workers(up: subprocess.Popen) -> list[int]:
-    return [p for p, cmd in descendants(up.pid).items() if "tide_fleet.infra.cli worker" in cmd]
-
-
 def test_three_adapters_and_the_base_match_peft_and_survive_a_kill(tmp_path, stories_path, folders):
     refs = peft_ids(stories_path, folders)
     texts = {key: continuation(stories_path, key[1], ids) for key, ids in refs.items()}
     for name in ADAPTERS:
         assert any(refs[(name, p)] != refs[(BASE, p)] for p in PROMPTS), name
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "TIDE_DATA_DIR": str(tmp_path / "data"),
-           "TIDE_LEASE_SECONDS": "2", "TIDE_REAPER_INTERVAL": "0.3",
-           "TIDE_WORKER_HEARTBEAT_SECONDS": "0.5", "OMP_NUM_THREADS": "1"}  # fmt: skip
-    env.pop("REDIS_URL", None)
-    argv = [sys.executable, "-m", "tide_fleet.infra.cli", "-v", "up", "--port", str(port),
-            "--model", str(stories_path),
-            *(f"--lora={name}={folder}" for name, folder in folders.items()),
-            "--workers", "2", "--dtype", "float32", "--max-num-seqs", "8",
-            "--max-loras", "2", "--max-lora-rank", "16"]  # fmt: skip
-    log = open(tmp_path / "up.log", "wb")  # noqa: SIM115 - lives with the process
-    up = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        wait_ready(url, timeout=120)
-        r = redis.Redis.from_url((tmp_path / "data" / "redis.url").read_text())
+    flags = ["--model", str(stories_path),
+             *(f"--lora={name}={folder}" for name, folder in folders.items()),
+             "--workers", "2", "--dtype", "float32", "--max-num-seqs", "8",
+             "--max-loras", "2", "--max-lora-rank", "16"]  # fmt: skip
+    with tide_up(tmp_path, *flags) as up:
+        r = up.redis()
         wait_for(lambda: len(read_heartbeats(r)) == 2, 120, what="two workers")
-        client = OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120)
+        client = OpenAI(base_url=f"{up.url}/v1", api_key="unused", max_retries=0, timeout=120)
         served = {BASE: str(stories_path)} | {a: a for a in ADAPTERS}  # key -> its `model`
         assert set(served.values()) <= {m.id for m in client.models.list().data}
 
@@ -136,7 +117,7 @@ def test_three_adapters_and_the_base_match_peft_and_survive_a_kill(tmp_path, sto
         assert {k: v for k, v in got.items() if v != texts[k]} == {}
 
         # Phase 2: adapter and base jobs queued at once; kill -9 a worker running some.
-        api = httpx.Client(base_url=url, timeout=30)
+        api = httpx.Client(base_url=up.url, timeout=30)
         jobs: dict[str, tuple[str, str]] = {}
         for i in range(KILL_JOBS_PER_MODEL):
             for model in MODELS:
@@ -149,26 +130,20 @@ def test_three_adapters_and_the_base_match_peft_and_survive_a_kill(tmp_path, sto
 
         def busy_adapter_worker() -> int | None:
             for beat in read_heartbeats(r).values():
-                if beat.held and beat.adapters and beat.pid in workers(up):
+                if beat.held and beat.adapters and beat.pid in up.workers():
                     return beat.pid
             return None
 
         victim = wait_for(busy_adapter_worker, 60, interval=0.02, what="a busy adapter worker")
         os.kill(victim, signal.SIGKILL)
 
-        def finished() -> dict[str, dict] | None:
-            got = {j: api.get(f"/v1/jobs/{j}").json() for j in jobs}
-            ended = all(g["status"] not in ("queued", "in_progress") for g in got.values())
-            return got if ended else None
-
-        done = wait_for(finished, 240, interval=0.5, what="every job to end")
+        done = wait_ended(api, jobs, 240)
         assert {j: g["status"] for j, g in done.items() if g["status"] != "completed"} == {}
         wrong = {j: (key, done[j]["result"]["text"]) for j, key in jobs.items()
                  if done[j]["result"]["text"] != texts[key]}  # fmt: skip
         assert wrong == {}
         for j, (model, _) in jobs.items():  # completed once; its adapter on the record
-            ends = [f for _, f in r.xrange(Keys.events(j)) if f.get(b"type") == b"done"]
-            assert [f[b"status"] for f in ends] == [b"completed"], j
+            assert done_statuses(r, j) == [b"completed"], j
             lora = (r.hget(Keys.job(j), "lora") or b"").decode()
             assert lora == ("" if model == BASE else model), j
         attempts = [done[j]["attempts"] for j in jobs]
@@ -177,14 +152,3 @@ def test_three_adapters_and_the_base_match_peft_and_survive_a_kill(tmp_path, sto
         held = {a for b in read_heartbeats(r).values() for a in b.adapters}
         assert held and held <= set(ADAPTERS), held
         print(json.dumps({"jobs": len(jobs), "resumed": sum(a >= 2 for a in attempts)}))
-    except BaseException:
-        log.flush()
-        print((tmp_path / "up.log").read_text()[-8000:])
-        raise
-    finally:
-        up.send_signal(signal.SIGINT)
-        try:
-            up.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            up.kill()
-        log.close()

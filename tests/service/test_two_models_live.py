@@ -12,21 +12,17 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import httpx
 import openai
 import pytest
-import redis
 from openai import OpenAI
 
-from tests.conftest import ROOT, make_engine, wait_for
+from tests.conftest import make_engine, wait_for
+from tests.service.live_up import LiveUp, tide_up, wait_ended
 from tests.service.procs import descendants
-from tide_fleet.infra.fleet.local_fleet import wait_ready
-from tide_fleet.infra.fleet.redis_server import free_port
 from tide_fleet.infra.wire.heartbeats import read_heartbeats
 from tide_fleet.worker.engine import SamplingParams
 
@@ -53,9 +49,9 @@ def fleet_toml(stories: Path, tiny: Path) -> str:
     )
 
 
-def workers_of(up: subprocess.Popen, pool: str) -> list[int]:
+def workers_of(up: LiveUp, pool: str) -> list[int]:
     return [
-        p for p, cmd in descendants(up.pid).items()
+        p for p, cmd in descendants(up.proc.pid).items()
         if "tide_fleet.infra.cli worker" in cmd and f"--pool {pool} " in f"{cmd} "
     ]  # fmt: skip
 
@@ -81,21 +77,10 @@ def test_two_models_scale_from_zero_apart_and_survive_a_kill(
     tmp_path, stories_path, stories_refs, tiny_path
 ):
     (tmp_path / "fleet.toml").write_text(fleet_toml(stories_path, tiny_path))
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "TIDE_DATA_DIR": str(tmp_path / "data"),
-           "TIDE_LEASE_SECONDS": "2", "TIDE_REAPER_INTERVAL": "0.3",
-           "TIDE_WORKER_HEARTBEAT_SECONDS": "0.5", "OMP_NUM_THREADS": "1"}  # fmt: skip
-    env.pop("REDIS_URL", None)
-    argv = [sys.executable, "-m", "tide_fleet.infra.cli", "-v", "up",
-            "--fleet", str(tmp_path / "fleet.toml"),
-            "--port", str(port), "--dtype", "float32", "--max-num-seqs", "8"]  # fmt: skip
-    log = open(tmp_path / "up.log", "wb")  # noqa: SIM115 - lives with the process
-    up = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    flags = ["--fleet", str(tmp_path / "fleet.toml"), "--dtype", "float32", "--max-num-seqs", "8"]
     figures: dict[str, float] = {}
-    try:
-        wait_ready(url, timeout=120)
-        client = OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120)
+    with tide_up(tmp_path, *flags) as up:
+        client = OpenAI(base_url=f"{up.url}/v1", api_key="unused", max_retries=0, timeout=120)
         assert {m.id for m in client.models.list().data} == {"stories", "tiny"}
         with pytest.raises(openai.NotFoundError) as err:
             client.completions.create(model="gpt-4o", prompt="hi", max_tokens=2)
@@ -104,7 +89,7 @@ def test_two_models_scale_from_zero_apart_and_survive_a_kill(
 
         # Model "stories" from zero: only its pool starts; the answer is llama2.c's. Each
         # worker measured its own start (process start to serving), within that wait.
-        r = redis.Redis.from_url((tmp_path / "data" / "redis.url").read_text())
+        r = up.redis()
 
         def from_zero(model: str, prompt: str, max_tokens: int) -> str:
             wait, text = first_token_from_zero(client, model, prompt, max_tokens)
@@ -121,7 +106,7 @@ def test_two_models_scale_from_zero_apart_and_survive_a_kill(
         from_zero("tiny", "hi", 8)
 
         # Both models busy; kill -9 the stories worker mid-run.
-        api = httpx.Client(base_url=url, timeout=30)
+        api = httpx.Client(base_url=up.url, timeout=30)
         jobs: dict[str, tuple[str, str]] = {}
         for i in range(JOBS_PER_MODEL):
             for model in ("stories", "tiny"):
@@ -140,15 +125,7 @@ def test_two_models_scale_from_zero_apart_and_survive_a_kill(
         wait_for(lambda: running("stories") and workers_of(up, "s"), 60, what="stories running")
         os.kill(workers_of(up, "s")[0], signal.SIGKILL)
 
-        def finished() -> dict[str, dict] | None:
-            got = {j: api.get(f"/v1/jobs/{j}").json() for j in jobs}
-            return (
-                got
-                if all(g["status"] not in ("queued", "in_progress") for g in got.values())
-                else None
-            )
-
-        done = wait_for(finished, 180, interval=0.5, what="every job to end")
+        done = wait_ended(api, jobs, 180)
         assert {j: g["status"] for j, g in done.items() if g["status"] != "completed"} == {}
         engines = {"stories": make_engine(stories_path), "tiny": make_engine(tiny_path)}
         for j, (model, prompt) in jobs.items():
@@ -165,14 +142,3 @@ def test_two_models_scale_from_zero_apart_and_survive_a_kill(
         wait_for(lambda: not workers_of(up, "s") and not workers_of(up, "t"), 90, what="zero")
         figures["drain_to_zero_s"] = round(time.monotonic() - t0, 2)
         print(json.dumps({k: round(v, 2) for k, v in figures.items()}))
-    except BaseException:
-        log.flush()
-        print((tmp_path / "up.log").read_text()[-6000:])
-        raise
-    finally:
-        up.send_signal(signal.SIGINT)
-        try:
-            up.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            up.kill()
-        log.close()

@@ -163,7 +163,9 @@ class Ranks:
                 return
             if ended:
                 rank = sentinels[ended[0]]  # type: ignore[index]
-                self.lost(f"rank {rank} exited with code {self.procs[rank - 1].exitcode}")
+                proc = self.procs[rank - 1]
+                proc.join(1)  # its sentinel closes as it exits, before it can be reaped
+                self.lost(f"rank {rank} exited with code {proc.exitcode}")
             since = self.step_since
             if since is not None and time.monotonic() - since > self.step_timeout_s:
                 self.lost(f"a step has not returned in {self.step_timeout_s:g} s "
