@@ -4,8 +4,9 @@
 asks ``impl(op, device)``; an implementation whose own conditions a call does not meet
 (dtype, shape) hands it on down a fixed chain: a native GEMM or oneDNN's matmul to ``torch``
 (``F.linear``), the native GEMV to the op's ``gemm`` implementation, native attention and
-elementwise kernels to ``torch``. Those conditions stay beside the kernels (``linear.py``,
-``attention.py``); which implementation is asked first is only decided here.
+elementwise kernels (native or Triton) to ``torch``. Those conditions stay beside the kernels
+(``linear.py``, ``attention.py``, ``elementwise.py``); which implementation is asked first is
+only decided here.
 
 Hardware classes: ``cuda``; on CPU what the native build runs on (``cpu.isa()``):
 ``cpu-amx``, ``cpu-avx512bf16``, ``cpu-avx512`` (no bf16 dot product), ``cpu-avx2``,
@@ -90,21 +91,26 @@ TABLE: dict[str, dict[str, Choice]] = {
         (NO_PAIRS, "torch", "SDPA (torch's CPU flash attention): no bf16 dot product here"),
     ),
     "norm": _cells(
-        (("cuda",), "torch", "F.rms_norm; no fused CUDA norm yet"),
+        (("cuda",), "triton", "residual add + RMSNorm in one launch, a row per program "
+         "(kernels/triton_fused.py), where the add and F.rms_norm's kernels were several; not "
+         "yet timed on a GPU; torch past 8,192 columns"),
         (PAIRS, "cpp-avx512bf16", "residual add + RMSNorm in one pass, bf16 rows on AVX-512 "
          "BF16 (scripts/bench_fused.py)"),
         (LOOPS, "cpp", "residual add + RMSNorm in one pass, compiler-vectorised loops"),
         (("cpu-no-native",), "torch", "F.rms_norm"),
     ),
     "rope": _cells(
-        (("cuda",), "torch", "rotate-half in torch; no fused CUDA RoPE yet"),
+        (("cuda",), "triton", "q and k rotated in place in the fused qkv rows in one launch "
+         "(kernels/triton_rope.py), and with the KV write where kv_write is triton too; not "
+         "yet timed on a GPU"),
         (PAIRS, "cpp-avx512bf16", "q and k rotated in place in the fused qkv rows, bf16 on "
          "AVX-512 BF16 (scripts/bench_fused.py)"),
         (LOOPS, "cpp", "q and k rotated in place in the fused qkv rows, portable loops"),
         (("cpu-no-native",), "torch", "rotate-half in torch"),
     ),
     "activation": _cells(
-        (("cuda",), "torch", "F.silu(gate) * up; no fused CUDA SiLU yet"),
+        (("cuda",), "triton", "SiLU(gate) x up in one launch (kernels/triton_fused.py) "
+         "where F.silu and the multiply are two and a temporary; not yet timed on a GPU"),
         (("cpu-amx",), "cpp-amx", "SiLU(gate) x up in the AMX GEMV's and GEMM's epilogue (bf16): "
          "the [rows, 2 x intermediate] projection never written"),
         (("cpu-avx512bf16",), "cpp-avx512bf16", "SiLU(gate) x up in one pass, bf16 on AVX-512"),
@@ -135,9 +141,9 @@ ALSO: dict[str, tuple[str, ...]] = {
     "gemm": ("onednn", "torch"),
     "decode_attention": ("cpp-avx512bf16", "torch", "triton"),
     "prefill_attention": ("cpp-avx512bf16", "torch", "triton"),
-    "norm": ("torch",),
-    "rope": ("torch",),
-    "activation": ("cpp-avx512bf16", "torch"),
+    "norm": ("torch", "triton"),
+    "rope": ("torch", "triton"),
+    "activation": ("cpp-avx512bf16", "torch", "triton"),
     "kv_write": ("torch", "triton"),
     "sampling": (),
     "lora": ("cpp", "torch", "triton"),

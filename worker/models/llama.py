@@ -6,35 +6,26 @@ Triton path stay behind one signature. On CPU (float32, bfloat16) a step runs on
 ways: every layer in one native call (``tide::decode_layers``, ``tide::step_layers_packed``)
 where every op they embed takes its class's default in the kernel table
 (``kernels/dispatch.py``), else the op-by-op loop of ``_forward_native``, each op on the
-implementation the table names; ``forward``'s torch spelling is what CUDA runs.
+implementation the table names (``llama_native.py``). ``forward``'s own loop is what CUDA
+runs: cuBLAS projections, and the table's Triton kernels for the rest (residual add fused
+into RMSNorm, RoPE fused with the KV-cache write, SiLU x up; on other devices their torch
+reference).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
-import torch.nn.functional as F
 
 from tide_fleet.infra.contract.model_config import ModelConfig
 from tide_fleet.kernels import AttentionMetadata, dispatch, paged_attention, write_kv_cache
 from tide_fleet.kernels import cpu as cpu_kernels
-from tide_fleet.kernels.elementwise import rms_norm
+from tide_fleet.kernels.elementwise import Elementwise
 from tide_fleet.kernels.linear import Linear, choose_row_split
 from tide_fleet.worker.lora.step import LoraStep
+from tide_fleet.worker.models.layer_weights import LayerWeights
 from tide_fleet.worker.models.llama_native import NativeSteps, adapted
-from tide_fleet.worker.models.rope import RotaryEmbedding, apply_rotary
+from tide_fleet.worker.models.rope import RotaryEmbedding
 from tide_fleet.worker.parallel.group import TensorParallel
-
-
-@dataclass
-class LayerWeights:
-    input_norm: torch.Tensor
-    qkv: Linear  # q | k | v fused
-    o: Linear
-    post_norm: torch.Tensor
-    gate_up: Linear  # gate | up fused
-    down: Linear
 
 
 class LlamaModel(NativeSteps):
@@ -100,25 +91,40 @@ class LlamaModel(NativeSteps):
         if self.native is not None:
             return self._forward_native(input_ids, positions, kv_caches, meta, logits_indices, lora)
         cfg, n, hd = self.config, input_ids.shape[0], self.config.head_dim
-        cos, sin = self.rope.tables(positions)
+        eps, rot_heads = cfg.rms_norm_eps, cfg.num_heads + cfg.num_kv_heads
+        q_end, k_end = self.q_size, self.q_size + self.kv_size
+        # Each elementwise op on the implementation the kernel table names: on CUDA the
+        # fused Triton kernels (kernels/triton_fused.py), elsewhere their torch reference.
+        glue = Elementwise(None, self.device)
         hidden = self._embed(input_ids)
+        delta: torch.Tensor | None = None
         for i, (layer, (k_cache, v_cache)) in enumerate(zip(self.layers, kv_caches, strict=True)):
-            x = rms_norm(hidden, layer.input_norm, cfg.rms_norm_eps)
+            if delta is None:
+                x = glue.rms_norm(hidden, layer.input_norm, eps)
+            else:  # the last layer's MLP output joins the residual inside the norm
+                x = glue.add_rms_norm_(hidden, delta, layer.input_norm, eps)
             qkv = adapted(lora, "qkv", i, layer.qkv(x), x)
-            # q and k are adjacent in the fused output: rotate them in one go.
-            qk = apply_rotary(qkv[:, : self.q_size + self.kv_size].view(n, -1, hd), cos, sin)
-            q, k = qk.split([cfg.num_heads, cfg.num_kv_heads], dim=1)
-            v = qkv[:, self.q_size + self.kv_size :].view(n, cfg.num_kv_heads, hd)
-            write_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping)
+            q = qkv[:, :q_end].view(n, cfg.num_heads, hd)
+            k = qkv[:, q_end:k_end].view(n, cfg.num_kv_heads, hd)
+            v = qkv[:, k_end:].view(n, cfg.num_kv_heads, hd)
+            # q and k rotated in place in the fused rows, k and v written to the cache: one
+            # launch where the table takes both on Triton, else two steps.
+            fused = glue.rotary_kv_write_(
+                qkv, positions, self.rope.cos, self.rope.sin, cfg.num_heads,
+                cfg.num_kv_heads, hd, k_cache, v_cache, meta.slot_mapping,
+            )  # fmt: skip
+            if not fused:
+                glue.rotary_(qkv, positions, self.rope.cos, self.rope.sin, rot_heads, hd)
+                write_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping)
             attn = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale)
             attn_in = attn.reshape(n, self.q_size)
-            hidden = hidden + self._reduce(adapted(lora, "o", i, layer.o(attn_in), attn_in))
-            x = rms_norm(hidden, layer.post_norm, cfg.rms_norm_eps)
-            gate, up = adapted(lora, "gate_up", i, layer.gate_up(x), x).chunk(2, dim=-1)
-            act = F.silu(gate) * up
-            hidden = hidden + self._reduce(adapted(lora, "down", i, layer.down(act), act))
-        hidden = rms_norm(hidden[logits_indices], self.norm, cfg.rms_norm_eps)
-        return self._logits(hidden)
+            attn_out = self._reduce(adapted(lora, "o", i, layer.o(attn_in), attn_in))
+            x = glue.add_rms_norm_(hidden, attn_out, layer.post_norm, eps)
+            act = glue.silu_mul(adapted(lora, "gate_up", i, layer.gate_up(x), x))
+            delta = self._reduce(adapted(lora, "down", i, layer.down(act), act))
+        if delta is not None:
+            hidden.add_(delta)
+        return self._logits(glue.rms_norm(hidden[logits_indices], self.norm, eps))
 
     def warm_up_matmuls(self, max_rows: int, max_logit_rows: int) -> list[str]:
         """Build the packed CPU matmuls for every row bucket now (``kernels/linear.py``):

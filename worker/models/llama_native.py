@@ -16,10 +16,10 @@ from tide_fleet.kernels.attention import cpp_decode_shared_tokens, native_prefil
 from tide_fleet.kernels.elementwise import Elementwise
 from tide_fleet.kernels.linear import Linear, packed_rows
 from tide_fleet.worker.lora.step import LoraStep
+from tide_fleet.worker.models.layer_weights import LayerWeights
 from tide_fleet.worker.models.rope import RotaryEmbedding
 
 if TYPE_CHECKING:
-    from tide_fleet.worker.models.llama import LayerWeights
     from tide_fleet.worker.parallel.group import TensorParallel
 
 
