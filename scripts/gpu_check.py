@@ -25,8 +25,11 @@ at the measured copy bandwidth; a profiler split of a steady decode step (device
 wall: the GPU's idle share); prefill tokens/s at 1k and 8k; sampler cost at temperature 0
 and 1; decode-attention bandwidth against a measured device copy. On CPU (--smoke) the graph
 path runs eagerly (padded static buffers), and the profiler split is skipped. For the first
-shape, the engine at tensor_parallel_size 1 through the distributed path (NCCL; gloo on
-CPU) against the plain one: greedy tokens and decode step time (scripts/gpu_tp.py).
+shape: the engine loop at a steady decode batch of 1, 64 and 256, overlapped and serial,
+output tok/s and the GPU's busy share from a device-only trace, and prefill at 1k tokens
+against the measured bf16 matmul peak (scripts/gpu_engine_loop.py); the engine at
+tensor_parallel_size 1 through the distributed path (NCCL; gloo on CPU) against the plain
+one: greedy tokens and decode step time (scripts/gpu_tp.py).
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from typing import Any
 
 import torch
 from gpu_decode import copy_bandwidth, decode_steps, device_time, section, sync, timed
+from gpu_engine_loop import engine_loop, matmul_peak, prefill_share
 from gpu_greedy import greedy_match, logits_gap, stories_references
 from gpu_tp import one_rank
 
@@ -131,6 +135,8 @@ def run(smoke: bool, out: Path | None = None, stories: Path | None = None) -> di
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     copy_gb_s = copy_bandwidth(device, smoke)
     report["copy_gb_s"] = round(copy_gb_s, 1)
+    peak = matmul_peak(device, smoke)
+    report["matmul_peak_tflop_s"] = round(peak / 1e12, 2)
     if stories is not None:
         step(report, "stories260k_references", lambda: stories_references(stories, device))
     for shape in ("tiny",) if smoke else ("llama3-8b", "qwen2.5-7b"):
@@ -149,6 +155,10 @@ def run(smoke: bool, out: Path | None = None, stories: Path | None = None) -> di
         step(entry, "sampler", lambda m=model: sampler_cost(m.config.vocab_size, device,
                                                                 plan["reps"]))  # fmt: skip
         if shape in ("tiny", "llama3-8b"):
+            step(entry, "engine_loop", lambda m=model: engine_loop(m, device, smoke))
+            n = min(plan["prefills"])
+            step(entry, f"prefill_{n}_of_matmul_peak", lambda m=model, e=entry, n=n:
+                 prefill_share(m, e.get("decode", {}), peak, n))  # fmt: skip
             step(entry, "tensor_parallel_one_rank", lambda m=model: one_rank(m, device, smoke))
         del model
         if device.type == "cuda":

@@ -98,6 +98,9 @@ ENGINE_FLAGS: tuple[EngineFlag, ...] = (
     EngineFlag("cuda_graphs", "cuda_graphs", "auto", choices=("auto", "off", "eager"),
                help="decode-only steps as CUDA graphs: auto (on CUDA with Triton), off, or "
                "eager (the same padded steps, uncaptured; for debugging)"),
+    EngineFlag("overlap_schedule", "overlap_schedule", "auto", choices=("auto", "on", "off"),
+               help="launch each step before the last one's tokens are read back: auto "
+               "(on CUDA at one rank), on, or off (the serial loop)"),
     EngineFlag("no_prefix_caching", "enable_prefix_caching", negates=True,
                help="turn the prefix cache off"),
     EngineFlag("batching", "batching", "continuous", choices=("continuous", "static"),
@@ -132,6 +135,7 @@ GENERATE_FLAGS: tuple[EngineFlag, ...] = (
         help=ATTENTION_HELP + " (torch reference where it cannot be built)",
     ),
     engine_flag("cuda_graphs"),
+    engine_flag("overlap_schedule"),
     engine_flag("tensor_parallel_size"),
 )
 

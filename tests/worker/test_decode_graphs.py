@@ -42,9 +42,9 @@ def padded_sizes(monkeypatch):
     seen: list[tuple[int, int]] = []
     run = DecodeGraphs.run
 
-    def spy(self, scheduled):
+    def spy(self, scheduled, feed=None):
         seen.append((len(scheduled), next(s for s in self.sizes if s >= len(scheduled))))
-        return run(self, scheduled)
+        return run(self, scheduled, feed)
 
     monkeypatch.setattr(DecodeGraphs, "run", spy)
     return seen

@@ -67,6 +67,12 @@ def test_the_smoke_run_measures_every_section(tmp_path, stories_path):
     assert decode["graphs_mode"] == "eager" and decode["eager_mode"] == "off"
     assert decode["graphs_b1_c32_over_weight_read"] > 0
     assert set(tiny["sampler"]) == {"b64_t0_ms", "b64_t1_ms"}
+    loop = tiny["engine_loop"]  # the whole engine loop, overlapped and serial
+    for batch in ("b1", "b4"):
+        row = loop[batch]
+        assert row["overlap_on"]["output_tok_s"] > 0 and row["overlap_off"]["output_tok_s"] > 0
+    assert tiny["prefill_64_of_matmul_peak"]["fraction_of_peak"] > 0
+    assert report["matmul_peak_tflop_s"] > 0
     one_rank = tiny["tensor_parallel_one_rank"]  # gloo on CPU, NCCL on a GPU
     assert one_rank["backend"] == "gloo" and one_rank["greedy_equal"] is True, one_rank
     assert one_rank["plain_step_ms"] > 0 and one_rank["tp1_step_ms"] > 0

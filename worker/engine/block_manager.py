@@ -191,7 +191,8 @@ class BlockManager:
         if not table:
             return
         bs = self.block_size
-        num_full = min(request.num_computed_tokens // bs, len(table))
+        # (a token computed as input before the host has read it is not hashed yet)
+        num_full = min(min(request.num_computed_tokens, request.num_tokens) // bs, len(table))
         done = self._num_cached_blocks.get(request.request_id, 0)
         if done >= num_full:
             return

@@ -34,6 +34,10 @@ class EngineConfig:
     # Detokenize a step's tokens while the device runs the next (worker/engine/output_text.py):
     # auto = on CUDA; on (tests on CPU) | off.
     overlap_detokenize: str = "auto"
+    # Schedule and launch step n+1 while step n's sampled tokens are still on the device,
+    # reading them one step late (worker/engine/overlap.py): auto = on CUDA at one rank;
+    # on (tests on CPU) | off.
+    overlap_schedule: str = "auto"
     # continuous: admit whenever there is room. static: admit only into an empty engine,
     # then run that batch to completion (HF-generate-style; a baseline for benchmarks).
     batching: str = "continuous"
@@ -74,6 +78,10 @@ class EngineConfig:
         if self.overlap_detokenize not in ("auto", "on", "off"):
             raise ValueError(
                 f"overlap_detokenize must be auto, on or off, got {self.overlap_detokenize!r}"
+            )
+        if self.overlap_schedule not in ("auto", "on", "off"):
+            raise ValueError(
+                f"overlap_schedule must be auto, on or off, got {self.overlap_schedule!r}"
             )
         if self.batching not in ("continuous", "static"):
             raise ValueError(f"batching must be continuous or static, got {self.batching!r}")

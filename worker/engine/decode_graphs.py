@@ -25,6 +25,7 @@ import torch
 
 from tide_fleet.kernels import AttentionMetadata
 from tide_fleet.kernels.attention_metadata import DecodeGroup
+from tide_fleet.worker.engine.overlap import Feed, apply_feed
 from tide_fleet.worker.engine.scheduler import ScheduledRequest
 from tide_fleet.worker.engine.step_inputs import StepBuilder
 from tide_fleet.worker.models.llama import LlamaModel
@@ -87,11 +88,15 @@ class DecodeGraphs:
     def fits(self, scheduled: list[ScheduledRequest]) -> bool:
         return len(scheduled) <= self.sizes[-1] and all(s.num_tokens == 1 for s in scheduled)
 
-    def run(self, scheduled: list[ScheduledRequest]) -> tuple[torch.Tensor, list[str]]:
-        """(logits of the sampling rows, their request ids) for a decode-only step."""
+    def run(
+        self, scheduled: list[ScheduledRequest], feed: Feed | None = None
+    ) -> tuple[torch.Tensor, list[str]]:
+        """(logits of the sampling rows, their request ids) for a decode-only step; ``feed``
+        fills the inputs sampled in a step the host has not read (worker/engine/overlap.py)."""
         decodes = sorted(scheduled, key=lambda s: s.start_pos)
         size = next(s for s in self.sizes if s >= len(decodes))
         self.builder.write_padded_decodes(decodes, size)
+        apply_feed(self.builder.buffers.device["input_ids"], decodes, feed)
         if size in self.graphs:
             graph, logits = self.graphs[size]
             graph.replay()

@@ -18,14 +18,15 @@ from tide_fleet.worker.engine.adapters import EngineAdapters, lora_slots
 from tide_fleet.worker.engine.admission import check_prompt_ids, check_request, stop_token_ids
 from tide_fleet.worker.engine.block_manager import BlockManager
 from tide_fleet.worker.engine.config import EngineConfig, model_len
-from tide_fleet.worker.engine.grammar import GrammarMatchers, PendingMasks
+from tide_fleet.worker.engine.grammar import GrammarMatchers
 from tide_fleet.worker.engine.model_runner import ModelRunner
 from tide_fleet.worker.engine.output_text import TextOutputs
 from tide_fleet.worker.engine.outputs import RequestOutput, StepStats
+from tide_fleet.worker.engine.overlap_loop import OverlapLoop
 from tide_fleet.worker.engine.ranks import Ranks, load_rank0
-from tide_fleet.worker.engine.request import Request, TokenLogprob
+from tide_fleet.worker.engine.request import Request
 from tide_fleet.worker.engine.sampler import Sampler
-from tide_fleet.worker.engine.scheduler import ScheduledRequest, Scheduler
+from tide_fleet.worker.engine.scheduler import Scheduler
 from tide_fleet.worker.models.llama import LlamaModel
 from tide_fleet.worker.models.loader import load_model
 from tide_fleet.worker.models.resolve import resolve_model_path
@@ -38,7 +39,7 @@ __all__ = ["LLMEngine", "RequestOutput", "StepHook", "StepStats"]
 StepHook = Callable[[StepStats | None, list[RequestOutput]], None]
 
 
-class LLMEngine(EngineAdapters):
+class LLMEngine(EngineAdapters, OverlapLoop):
     def __init__(
         self, model: LlamaModel, tokenizer: Tokenizer | None, config: EngineConfig | None = None,
         ranks: Ranks | None = None,
@@ -77,6 +78,10 @@ class LLMEngine(EngineAdapters):
         self.counters = {"prompt_tokens": 0, "generation_tokens": 0, "steps": 0}
         self.model_name = "model"  # from_pretrained sets the name it was given
         self.last_step: StepStats | None = None  # None when the last step ran no model
+        # The overlapped loop (worker/engine/overlap.py): on CUDA by default, one rank only.
+        ov = cfg.overlap_schedule
+        self.overlap = ranks is None and (ov == "on" or (ov == "auto" and cuda))
+        self._inflight = None
         self.on_step: StepHook | None = None  # called after every step (worker metrics)
 
     @classmethod
@@ -205,7 +210,8 @@ class LLMEngine(EngineAdapters):
         return True
 
     def has_unfinished(self) -> bool:
-        return bool(self.requests) or bool(self._pending) or self.text.has_deferred
+        return (bool(self.requests) or bool(self._pending) or self.text.has_deferred
+                or self._inflight is not None)  # fmt: skip
 
     # -- the loop ----------------------------------------------------------------
 
@@ -220,133 +226,10 @@ class LLMEngine(EngineAdapters):
         return outputs
 
     def _step(self) -> list[RequestOutput]:
-        outputs, self._pending = self._pending, []
-        sched = self.scheduler.schedule()
-        if sched.is_empty:
-            return outputs + self._drain()
-        self.counters["steps"] += 1
-        pending = self._start_masks(sched.scheduled)
-        try:
-            result = self.runner.execute(sched)
-            # The last step's deferred text, while the device runs this one (on CUDA).
-            outputs += self._drain()
-            if self._text_ended:  # a deferred text failed and ended its request: drop its rows
-                live = [i for i, rid in enumerate(result.sampled_ids) if rid in self.requests]
-                result.logits, result.sampled_ids = result.logits[live], [
-                    result.sampled_ids[i] for i in live]  # fmt: skip
-                self._text_ended = False
-            masks = None
-            if pending is not None:
-                assert self.grammar is not None
-                masks = self.grammar.wait(pending, result.sampled_ids)
-        except Exception as e:
-            log.exception("model step failed; failing its %d requests", len(sched.scheduled))
-            outputs += self._drain()
-            for s in sched.scheduled:
-                if s.request_id in self.requests:
-                    self._finish(self.requests[s.request_id], "error", f"model step failed: {e}")
-            return outputs + self._pending_take()
-        stats = StepStats(num_sampled=len(result.sampled_ids))
-        for s in sched.scheduled:
-            if (request := self.requests.get(s.request_id)) is None:
-                continue
-            n_prompt = request.num_prompt_tokens
-            self.counters["prompt_tokens"] += stats.add(s.num_tokens, s.start_pos, n_prompt)
-            request.num_computed_tokens += s.num_tokens
-            self.block_manager.cache_full_blocks(request)
-        requests = [self.requests[i] for i in result.sampled_ids]
-        sampled = self.sampler.sample(result.logits, requests, masks)
-        self.last_step = stats
-        now = time.time()
-        for request, token, logprob in zip(
-            requests, sampled.token_ids, sampled.logprobs, strict=True
-        ):
-            try:
-                if isinstance(token, Exception):
-                    raise token
-                out = self._process_token(request, token, logprob, now)
-                if out is not None:
-                    outputs.append(out)
-            except Exception as e:
-                log.exception("request %s failed", request.request_id)
-                self._finish(request, "error", f"{type(e).__name__}: {e}")
-        return outputs + self._pending_take()
-
-    def _pending_take(self) -> list[RequestOutput]:
-        out, self._pending = self._pending, []
-        return out
-
-    def _start_masks(self, scheduled: list[ScheduledRequest]) -> PendingMasks | None:
-        """Grammar masks for the constrained rows that sample this step, computed while
-        the model runs."""
-        if self.grammar is None or not self.grammar.num_matchers:
-            return None
-        return self.grammar.start_masks([s.request_id for s in scheduled if s.sample])
-
-    def _process_token(
-        self, request: Request, token: int, logprob: TokenLogprob | None, now: float
-    ) -> RequestOutput | None:
-        """Append the token and decide whether the request ends; its output, or None when
-        its text comes with the next step (``self.text``)."""
-        request.append_token(token, logprob)
-        self.counters["generation_tokens"] += 1
-        if request.timings.first_token is None:
-            request.timings.first_token = now
-        params = request.params
-        deferred = self.text.deferrable(request)
-        reason, grammar_done = None, False
-        if params.structured is not None:
-            assert self.grammar is not None
-            grammar_done = self.grammar.accept(request.request_id, token)
-        is_stop_token = token in request.stop_token_ids
-        # Text is added at once only where it decides the end (a stop token adds none).
-        text_stop = not is_stop_token and not deferred and self.text.stopped_by_text(request, token)
-        if is_stop_token or text_stop or grammar_done:
-            reason = "stop"
-        if reason is None and request.num_output_tokens >= params.max_tokens:
-            reason = "length"
-        if deferred:
-            if reason is not None:
-                self._release(request, reason)
-            self.text.defer_token(request, token, logprob, not is_stop_token, reason is not None)
-            return None
-        if reason is None:
-            return self.text.delta(request, token, logprob)
-        out = self._finish(request, reason, queue=False)
-        out.new_token_ids = [token]
-        out.new_logprobs = [logprob] if logprob is not None else []
-        return out
-
-    def _drain(self) -> list[RequestOutput]:
-        return self.text.drain(self._text_failed)
-
-    def _text_failed(self, request: Request, e: Exception) -> RequestOutput:
-        log.error("request %s failed", request.request_id, exc_info=e)
-        error = f"{type(e).__name__}: {e}"
-        if request.request_id in self.requests:
-            self._text_ended = True
-            return self._finish(request, "error", error, queue=False)
-        request.finish_reason, request.error = "error", error  # it had ended with that token
-        return self.text.final(request)
-
-    def _release(self, request: Request, reason: str, error: str | None = None) -> None:
-        """End the request in the scheduler, sampler and grammar; its output comes apart."""
-        self.scheduler.finish(request)
-        self.sampler.forget(request.request_id)
-        if self.grammar is not None:
-            self.grammar.remove(request.request_id)
-        self.requests.pop(request.request_id, None)
-        request.finish_reason, request.error = reason, error
-        request.timings.finished = time.time()
-
-    def _finish(
-        self, request: Request, reason: str, error: str | None = None, queue: bool = True
-    ) -> RequestOutput:
-        self._release(request, reason, error)
-        out = self.text.final(request)
-        if queue:
-            self._pending.append(out)
-        return out
+        if self._overlaps_now():
+            return self._step_overlapped()
+        settled = self._settle()  # a step still in flight is read before a serial one
+        return settled + self._step_serial()
 
     # -- conveniences ------------------------------------------------------------
 

@@ -36,6 +36,7 @@ from tide_fleet.worker.engine.kv_budget import (
     gpu_kv_budget,
     model_weight_bytes,
 )
+from tide_fleet.worker.engine.overlap import Feed, apply_feed
 from tide_fleet.worker.engine.peers import StepPeers
 from tide_fleet.worker.engine.sampler import profile_sampling
 from tide_fleet.worker.engine.scheduler import ScheduledRequest, SchedulerOutput
@@ -258,9 +259,11 @@ class ModelRunner:
             step.input_ids, step.positions, caches, step.meta, step.logits_rows
         )
 
-    def execute(self, out: SchedulerOutput) -> StepResult:
+    def execute(self, out: SchedulerOutput, feed: Feed | None = None) -> StepResult:
+        """Run the step; ``feed``: the step before's sampled ids on the device, for the
+        inputs scheduled before the host read them (worker/engine/overlap.py)."""
         if self.peers is None:
-            return self._execute(out)
+            return self._execute(out, feed)
         # Tensor parallel: every rank runs the same step, its collectives in lockstep. A
         # step that fails here leaves the others inside one: the ranks end together.
         self.peers.send_step(out.scheduled)
@@ -271,12 +274,13 @@ class ModelRunner:
         finally:
             self.peers.step_done()
 
-    def _execute(self, out: SchedulerOutput) -> StepResult:
+    def _execute(self, out: SchedulerOutput, feed: Feed | None = None) -> StepResult:
         adapted = any(s.lora_slot >= 0 for s in out.scheduled)
         if self.graphs is not None and not adapted and self.graphs.fits(out.scheduled):
-            logits, ids = self.graphs.run(out.scheduled)
+            logits, ids = self.graphs.run(out.scheduled, feed)
             return StepResult(logits=logits, sampled_ids=ids)
         step = self.builder.build(out.scheduled)
+        apply_feed(step.input_ids, step.order, feed)
         lora = None
         if adapted:  # the rows in the step's order: decodes first (StepInputs.order)
             slots = [s.lora_slot for s in step.order for _ in range(s.num_tokens)]

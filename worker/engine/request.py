@@ -74,6 +74,9 @@ class Request:
         self.arrival_seq = arrival_seq
         self.status = RequestStatus.WAITING
         self.num_computed_tokens = 0
+        # Tokens sampled in a step whose results the host has not read yet (the overlapped
+        # loop, worker/engine/overlap.py): 0 or 1; always 0 in the serial loop.
+        self.pending = 0
         self.num_preemptions = 0
         self.stop_token_ids: frozenset[int] = frozenset()  # set by the engine on admission
         self.finish_reason: str | None = None
@@ -83,6 +86,11 @@ class Request:
     @property
     def num_tokens(self) -> int:
         return len(self.all_token_ids)
+
+    @property
+    def num_sampled_tokens(self) -> int:
+        """Its tokens and the one sampled but not read yet, if any: what the scheduler runs."""
+        return len(self.all_token_ids) + self.pending
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -65,7 +65,10 @@ class Sampler:
         self.device = device
         self._prompt_ids: dict[str, torch.Tensor] = {}  # for repetition_penalty
         self._rng = random.Random(seed)
-        self._host: torch.Tensor | None = None  # the option block's host buffer (pinned)
+        # The option block's host buffers (pinned), used in turn: the overlapped loop writes
+        # a step's options while the copy of the step before may still be queued.
+        self._hosts: list[torch.Tensor | None] = [None, None]
+        self._turn = 0
 
     def forget(self, request_id: str) -> None:
         self._prompt_ids.pop(request_id, None)
@@ -139,12 +142,32 @@ class Sampler:
             self._prompt_ids[request.request_id] = ids
         return ids
 
+    @torch.inference_mode()
+    def sample_on_device(
+        self, logits: torch.Tensor, requests: Sequence[Request]
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One token per row, left on the device with no host read: (tokens, failed rows
+        or None when every row is greedy). For rows with no logits processing, logprobs or
+        grammar (worker/engine/overlap.py)."""
+        return self._choose_tensors(logits, requests)
+
     def _choose(self, logits: torch.Tensor, requests: Sequence[Request]) -> list[int | Exception]:
+        tokens, bad = self._choose_tensors(logits, requests)
+        if bad is None:
+            return list(tokens.tolist())
+        out: list[int | Exception] = []
+        for token, failed in zip(*torch.stack([tokens, bad]).tolist(), strict=True):
+            out.append(NoTokenToSample(NO_TOKEN) if failed else token)
+        return out
+
+    def _choose_tensors(
+        self, logits: torch.Tensor, requests: Sequence[Request]
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         vocab = logits.shape[-1]
         tokens = logits.argmax(dim=-1)
         random_rows = [i for i, r in enumerate(requests) if not r.params.is_greedy]
         if not random_rows:
-            return list(tokens.tolist())
+            return tokens, None
         # Rows without top-k/top-p first: each kind is then one slice of the option block.
         plain = [i for i in random_rows if not _cuts(requests[i], vocab)]
         cut = [i for i in random_rows if _cuts(requests[i], vocab)]
@@ -160,10 +183,7 @@ class Sampler:
             picked, failed = sample_rows(scaled, o[UNIFORM], top_k, top_p, max_k)
             tokens[rows] = picked
             bad[rows] = failed.long()
-        out: list[int | Exception] = []
-        for token, failed in zip(*torch.stack([tokens, bad]).tolist(), strict=True):
-            out.append(NoTokenToSample(NO_TOKEN) if failed else token)
-        return out
+        return tokens, bad
 
     def _options(
         self, vocab: int, requests: Sequence[Request], random_rows: list[int]
@@ -176,7 +196,8 @@ class Sampler:
             r = requests[i]
             p = r.params
             seed = p.seed if p.seed is not None else self._rng.getrandbits(63)
-            count = r.num_output_tokens if p.seed is not None else 0
+            # (a token sampled but not read yet counts: the draw is the serial loop's)
+            count = r.num_output_tokens + r.pending if p.seed is not None else 0
             top_k = _top_k(r, vocab)
             block[:, j] = (i, p.temperature, top_k, p.top_p, row_uniform(seed, count))
         view = host[: 5 * n].view(5, n)
@@ -185,11 +206,13 @@ class Sampler:
         return view.to(self.device, non_blocking=True)  # done before the step's .tolist()
 
     def _host_buffer(self, size: int) -> torch.Tensor:
-        if self._host is None or self._host.numel() < size:
+        self._turn ^= 1
+        host = self._hosts[self._turn]
+        if host is None or host.numel() < size:
             pin = self.device.type == "cuda"
-            cap = max(size, 5 * 64)
-            self._host = torch.empty(cap, dtype=torch.float64, pin_memory=pin)
-        return self._host
+            host = torch.empty(max(size, 5 * 64), dtype=torch.float64, pin_memory=pin)
+            self._hosts[self._turn] = host
+        return host
 
 
 def _top_k(request: Request, vocab: int) -> int:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+PLACEHOLDER = -1  # an input token sampled in a step the host has not read yet (overlap.py)
+
 
 @dataclass
 class ScheduledRequest:

@@ -14,7 +14,7 @@ from tide_fleet.worker.engine import fair_share
 from tide_fleet.worker.engine.block_manager import BlockManager
 from tide_fleet.worker.engine.config import EngineConfig
 from tide_fleet.worker.engine.request import Request, RequestStatus
-from tide_fleet.worker.engine.scheduled import ScheduledRequest, SchedulerOutput
+from tide_fleet.worker.engine.scheduled import PLACEHOLDER, ScheduledRequest, SchedulerOutput
 from tide_fleet.worker.lora.slots import Adapters, BaseOnly
 
 __all__ = ["ScheduledRequest", "Scheduler", "SchedulerOutput"]
@@ -138,13 +138,17 @@ class Scheduler:
         if shared:
             self._reclaim(out, alloc, running_by)
         fair_preemptions = len(out.preempted_ids)
-        ordered = sorted(self.running, key=lambda r: r.num_tokens - r.num_computed_tokens > 1)
+        ordered = sorted(
+            self.running, key=lambda r: r.num_sampled_tokens - r.num_computed_tokens > 1
+        )
         for request in ordered:
             if budget == 0:
                 break
             if request.status is not RequestStatus.RUNNING:
                 continue  # preempted earlier in this loop
-            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            if request.num_output_tokens + request.pending >= request.params.max_tokens:
+                continue  # its last token is sampled already (overlapped loop): it ends
+            num_new = min(request.num_sampled_tokens - request.num_computed_tokens, budget)
             if not self._allocate_or_preempt(request, num_new, out):
                 continue
             out.scheduled.append(self._scheduled(request, num_new))
@@ -254,13 +258,13 @@ class Scheduler:
         preempted requests first)."""
         if self.is_static:
             return next((r for r in self.waiting if r.request_id in self.static_batch
-                         and self.adapters.can_run(r.lora)), None)  # fmt: skip
+                         and self._can_start(r)), None)  # fmt: skip
         if alloc is None:
-            return next((r for r in self.waiting if self.adapters.can_run(r.lora)), None)
+            return next((r for r in self.waiting if self._can_start(r)), None)
         best: tuple[int, bool, int, int] | None = None
         for k, r in enumerate(self.waiting):
-            if not self.adapters.can_run(r.lora):
-                continue  # its adapter has no device slot to get now
+            if not self._can_start(r):
+                continue  # its adapter has no device slot to get now, or a token is pending
             over = not fair_share.under_share(r.group, running_by, alloc)
             key = (int(r.priority), over, running_by[r.group], k)
             if best is None or key < best:
@@ -269,14 +273,21 @@ class Scheduler:
                     break  # no later request can come before it
         return None if best is None else self.waiting[best[3]]
 
+    def _can_start(self, request: Request) -> bool:
+        """A waiting request may start: its adapter can get a slot, and it has no token
+        pending (preempted while its last token was being read: it starts a step later)."""
+        return request.pending == 0 and self.adapters.can_run(request.lora)
+
     def _scheduled(self, request: Request, num_new: int) -> ScheduledRequest:
         start = request.num_computed_tokens
+        tokens = request.all_token_ids[start : start + num_new]
+        tokens += [PLACEHOLDER] * (num_new - len(tokens))  # a pending token: fed on the device
         return ScheduledRequest(
             request_id=request.request_id,
-            token_ids=request.all_token_ids[start : start + num_new],
+            token_ids=tokens,
             start_pos=start,
             block_table=self.block_manager.get_block_table(request.request_id),
-            sample=start + num_new == request.num_tokens,
+            sample=start + num_new == request.num_sampled_tokens,
             lora_slot=self.adapters.slot(request.lora),
         )
 
