@@ -9,7 +9,9 @@ step inputs from them and runs its shard, the collectives in lockstep.
 
 One fate: a rank that exits, a step that fails on rank 0, or a step that has not returned
 within ``TIDE_TP_STEP_TIMEOUT_S`` (a collective that hangs) ends every rank and this
-process (exit code EXIT_RANKS_LOST); its jobs go back to the queue when their leases lapse
+process (exit code EXIT_RANKS_LOST); so does a rank that dies while starting, unless rank 0
+raises its error from ``wait`` within START_GRACE_S (it cannot while it waits for that rank
+in the rendezvous or a collective); its jobs go back to the queue when their leases lapse
 and the supervisor or controller starts a new worker. A rank dies with rank 0 too: the
 kernel kills it when rank 0's process ends (PR_SET_PDEATHSIG), and its pipe closes.
 """
@@ -44,19 +46,22 @@ log = logging.getLogger(__name__)
 
 EXIT_RANKS_LOST = 75
 STEP_TIMEOUT_S = float(os.environ.get("TIDE_TP_STEP_TIMEOUT_S", "300"))
+START_GRACE_S = 10.0
 
 
 class Ranks:
     """The other ranks of this worker, as rank 0 sees them."""
 
-    def __init__(self, tp: TensorParallel, procs: Sequence[BaseProcess],
-                 steps: list[Connection], reports: list[Connection]) -> None:  # fmt: skip
-        self.tp = tp
+    tp: TensorParallel  # rank 0's place in the group, once joined
+
+    def __init__(self, procs: Sequence[BaseProcess], steps: list[Connection],
+                 reports: list[Connection]) -> None:  # fmt: skip
         self.procs, self.steps, self.reports = procs, steps, reports
         self.step_since: float | None = None
         self.step_timeout_s = STEP_TIMEOUT_S
         self._closing = False
-        self._watch: threading.Thread | None = None
+        self._serving = False
+        self._watch = threading.Thread(target=self._watch_loop, name="tide-ranks", daemon=True)
 
     @classmethod
     def start(cls, folder: Path, dtype: str | None, device: str, config: EngineConfig) -> Ranks:
@@ -91,9 +96,14 @@ class Ranks:
             procs.append(proc)
             steps.append(step_in)
             reports.append(report_out)
-        ranks = cls(TensorParallel.join(0, world, spec.address, rank_device(device, 0)),
-                    procs, steps, reports)  # fmt: skip
+        ranks = cls(procs, steps, reports)
         atexit.register(ranks.close)  # before multiprocessing's own exit joins them
+        ranks._watch.start()  # a rank that dies while starting must not leave rank 0 waiting
+        try:
+            ranks.tp = TensorParallel.join(0, world, spec.address, rank_device(device, 0))
+        except BaseException:
+            ranks.close()
+            raise
         log.info("tensor parallel: %d ranks on %s (rendezvous %s)", world, dev.type, spec.address)
         return ranks
 
@@ -117,9 +127,9 @@ class Ranks:
         return values
 
     def watch(self) -> None:
-        """From now on a rank's exit or a hung step ends the worker (one fate)."""
-        self._watch = threading.Thread(target=self._watch_loop, name="tide-ranks", daemon=True)
-        self._watch.start()
+        """Every rank is ready: from now on a rank's exit or a hung step ends the worker at
+        once (one fate)."""
+        self._serving = True
 
     def send_step(self, scheduled: list[ScheduledRequest]) -> None:
         self.step_since = time.monotonic()
@@ -153,7 +163,8 @@ class Ranks:
             if proc.is_alive():
                 proc.kill()
                 proc.join(5)
-        self.tp.close()
+        if hasattr(self, "tp"):
+            self.tp.close()
 
     def _watch_loop(self) -> None:
         sentinels = {proc.sentinel: rank for rank, proc in enumerate(self.procs, 1)}
@@ -165,11 +176,25 @@ class Ranks:
                 rank = sentinels[ended[0]]  # type: ignore[index]
                 proc = self.procs[rank - 1]
                 proc.join(1)  # its sentinel closes as it exits, before it can be reaped
-                self.lost(f"rank {rank} exited with code {proc.exitcode}")
+                if not self._serving and self._starting_handled():
+                    return
+                self.lost(f"rank {rank} exited with code {proc.exitcode}"
+                          + ("" if self._serving else " while starting"))  # fmt: skip
             since = self.step_since
             if since is not None and time.monotonic() - since > self.step_timeout_s:
                 self.lost(f"a step has not returned in {self.step_timeout_s:g} s "
                           "(TIDE_TP_STEP_TIMEOUT_S)")  # fmt: skip
+
+    def _starting_handled(self) -> bool:
+        """A rank died while starting: rank 0's thread raises its error from ``wait`` and
+        stops the rest, unless it is waiting inside the rendezvous or a collective for the
+        rank that is gone. True when it did so within START_GRACE_S."""
+        deadline = time.monotonic() + START_GRACE_S
+        while time.monotonic() < deadline:
+            if self._closing:
+                return True
+            time.sleep(0.1)
+        return False
 
 
 def load_rank0(

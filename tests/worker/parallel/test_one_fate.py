@@ -71,6 +71,39 @@ def test_a_hung_rank_ends_the_worker_after_the_step_timeout(stories_path):
             os.kill(rank1, signal.SIGKILL)
 
 
+def spawned_child(parent: int, within_s: float) -> int:
+    """The pid of a rank the process ``parent`` spawned, as soon as there is one."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                ppid = int((entry / "stat").read_text().split(") ")[1].split()[1])
+                cmdline = (entry / "cmdline").read_bytes()
+            except (OSError, IndexError, ValueError):
+                continue
+            if ppid == parent and b"spawn_main" in cmdline:
+                return int(entry.name)
+        time.sleep(0.02)
+    pytest.fail(f"no rank spawned by {parent} within {within_s} s")
+
+
+def test_a_rank_killed_while_starting_ends_the_worker(stories_path):
+    """Rank 1 killed before it joins the group: rank 0, waiting for it in the rendezvous,
+    does not wait for good; the worker ends within the start-up grace."""
+    proc = subprocess.Popen(
+        [sys.executable, str(Path(__file__).with_name("tp_loop.py")), str(stories_path)],
+        stdout=subprocess.PIPE, text=True, cwd=ROOT,
+    )  # fmt: skip
+    try:
+        os.kill(spawned_child(proc.pid, 30), signal.SIGKILL)
+        assert proc.wait(timeout=60) == EXIT_RANKS_LOST
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
 def test_rank_zero_killed_takes_the_other_ranks_with_it(stories_path):
     proc, rank1 = start(stories_path)
     time.sleep(1.0)
