@@ -76,13 +76,7 @@ class OverlapLoop(StepLoop):
             request.pending -= 1
             if self.requests.get(request.request_id) is not request:
                 continue  # it ended (or was aborted) after this step was launched
-            try:
-                if failed:
-                    raise NoTokenToSample(NO_TOKEN)
-                out = self._process_token(request, token, None, now)
-                if out is not None:
-                    outputs.append(out)
-            except Exception as e:
-                log.exception("request %s failed", request.request_id)
-                self._finish(request, "error", f"{type(e).__name__}: {e}")
+            taken = NoTokenToSample(NO_TOKEN) if failed else token
+            if (out := self._take_token(request, taken, None, now)) is not None:
+                outputs.append(out)
         return outputs

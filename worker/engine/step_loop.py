@@ -79,16 +79,23 @@ class StepLoop:
         for request, token, logprob in zip(
             requests, sampled.token_ids, sampled.logprobs, strict=True
         ):
-            try:
-                if isinstance(token, Exception):
-                    raise token
-                out = self._process_token(request, token, logprob, now)
-                if out is not None:
-                    outputs.append(out)
-            except Exception as e:
-                log.exception("request %s failed", request.request_id)
-                self._finish(request, "error", f"{type(e).__name__}: {e}")
+            if (out := self._take_token(request, token, logprob, now)) is not None:
+                outputs.append(out)
         return outputs + self._pending_take()
+
+    def _take_token(
+        self, request: Request, token: int | Exception, logprob: TokenLogprob | None, now: float
+    ) -> RequestOutput | None:
+        """A sampled token (or the error its row raised) into its request; a failure ends
+        that request alone."""
+        try:
+            if isinstance(token, Exception):
+                raise token
+            return self._process_token(request, token, logprob, now)
+        except Exception as e:
+            log.exception("request %s failed", request.request_id)
+            self._finish(request, "error", f"{type(e).__name__}: {e}")
+            return None
 
     def _pending_take(self) -> list[RequestOutput]:
         out, self._pending = self._pending, []
