@@ -20,6 +20,7 @@ def engine_loop(model, device: torch.device, smoke: bool) -> dict[str, Any]:  # 
     share (kernel time over wall time in a CUDA-only profiler trace)."""
     plan = SMOKE if smoke else FULL
     out: dict[str, Any] = {"prompt_tokens": plan["prompt"], "timed_steps": plan["steps"]}
+    out["overlap_equals_serial"] = _same_tokens(model, device, smoke)
     for batch in plan["batches"]:
         row: dict[str, Any] = {}
         for mode in ("on", "off"):
@@ -47,7 +48,8 @@ def _steady(  # type: ignore[no-untyped-def]
     engine = LLMEngine(model, None, config)
     params = SamplingParams(max_tokens=total - plan["prompt"], temperature=0.0, ignore_eos=True)
     for i in range(batch):
-        engine.add_request(f"r{i}", [(7 * i + j) % 1000 + 3 for j in range(plan["prompt"])], params)
+        prompt = [(7 * i + j) % (model.config.vocab_size - 4) + 3 for j in range(plan["prompt"])]
+        engine.add_request(f"r{i}", prompt, params)
     while engine.stats()["num_waiting"] or engine.counters["generation_tokens"] < batch:
         engine.step()  # prompts in, every row decoding
     for _ in range(plan["warm"]):
@@ -68,6 +70,34 @@ def _steady(  # type: ignore[no-untyped-def]
     while engine.has_unfinished():
         engine.step()
     return result
+
+
+def _same_tokens(model, device: torch.device, smoke: bool) -> bool:  # type: ignore[no-untyped-def]
+    """The overlapped loop's outputs equal the serial loop's: greedy rows, seeded random
+    rows and a row cut by top-p, over a shared prefix in a small pool (preemptions)."""
+    from tide_fleet.worker.engine import SamplingParams
+    from tide_fleet.worker.engine.config import EngineConfig
+    from tide_fleet.worker.engine.llm_engine import LLMEngine
+
+    vocab = model.config.vocab_size - 4
+    prefix = [(11 * i) % vocab + 3 for i in range(32 if smoke else 200)]
+    prompts = [prefix + [5 + i] * (3 + 2 * i) for i in range(6)]
+    new = 8 if smoke else 48
+    params = [
+        SamplingParams(max_tokens=new, temperature=0.0, ignore_eos=True),
+        SamplingParams(max_tokens=new, temperature=0.9, seed=11, ignore_eos=True),
+        SamplingParams(max_tokens=new, temperature=0.7, top_p=0.8, seed=5, ignore_eos=True),
+    ] * 2
+    blocks = 6 * -(-(len(prompts[-1]) + new) // 16) // 2 + 2  # about half: preemptions
+    graphs = "auto" if device.type == "cuda" else "eager"
+    results = []
+    for mode in ("off", "on"):
+        config = EngineConfig(num_kv_blocks=blocks, overlap_schedule=mode, cuda_graphs=graphs,
+                              max_num_batched_tokens=256)  # fmt: skip
+        engine = LLMEngine(model, None, config)
+        results.append([o.token_ids for o in engine.generate([list(p) for p in prompts], params)])
+        del engine
+    return results[0] == results[1]
 
 
 def _busy(engine, device: torch.device, steps: int) -> dict[str, Any]:  # type: ignore[no-untyped-def]

@@ -68,6 +68,7 @@ def test_the_smoke_run_measures_every_section(tmp_path, stories_path):
     assert decode["graphs_b1_c32_over_weight_read"] > 0
     assert set(tiny["sampler"]) == {"b64_t0_ms", "b64_t1_ms"}
     loop = tiny["engine_loop"]  # the whole engine loop, overlapped and serial
+    assert loop["overlap_equals_serial"] is True
     for batch in ("b1", "b4"):
         row = loop[batch]
         assert row["overlap_on"]["output_tok_s"] > 0 and row["overlap_off"]["output_tok_s"] > 0

@@ -37,22 +37,43 @@ class Feed:
 
 @dataclass
 class InFlight:
-    """A step launched and sampled whose tokens the host has not read."""
+    """A step launched and sampled whose tokens the host has not read.
+
+    On CUDA the tokens start their copy to pinned host memory as soon as they are sampled,
+    behind an event: reading them waits for that copy alone, not for the step launched
+    after (a plain ``.tolist()`` would wait for the whole stream)."""
 
     tokens: torch.Tensor  # [rows] on the device
     failed: torch.Tensor | None  # [rows] nonzero where a random row had no token to sample
     requests: list[Request]  # the sampled rows' requests, in row order
     stats: StepStats
+    _host: torch.Tensor | None = None
+    _ready: torch.cuda.Event | None = None
+
+    def __post_init__(self) -> None:
+        if self.tokens.device.type == "cuda":
+            self._host = self._both().to("cpu", non_blocking=True)  # into pinned memory
+            self._ready = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            self._ready.record()
 
     def feed(self) -> Feed:
         return Feed(self.tokens, {r.request_id: i for i, r in enumerate(self.requests)})
 
     def read(self) -> list[tuple[Request, int, bool]]:
         """(request, token, failed) per row: the one host read of this step."""
-        if self.failed is None:
-            return [(r, t, False) for r, t in zip(self.requests, self.tokens.tolist(), strict=True)]
-        tokens, failed = torch.stack([self.tokens, self.failed.long()]).tolist()
+        if self._ready is not None and self._host is not None:
+            self._ready.synchronize()
+            values = self._host.tolist()
+        else:
+            values = self._both().tolist()
+        tokens, failed = values if self.failed is not None else (values, [0] * len(values))
         return list(zip(self.requests, tokens, map(bool, failed), strict=True))
+
+    def _both(self) -> torch.Tensor:
+        """The tokens, with the failed flags stacked under them where there are any."""
+        if self.failed is None:
+            return self.tokens
+        return torch.stack([self.tokens, self.failed.long()])
 
 
 def apply_feed(input_ids: torch.Tensor, order: list[ScheduledRequest], feed: Feed | None) -> None:
