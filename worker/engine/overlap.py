@@ -78,19 +78,20 @@ class InFlight:
 
 def apply_feed(input_ids: torch.Tensor, order: list[ScheduledRequest], feed: Feed | None) -> None:
     """Copy, on the device, each PLACEHOLDER input of the step (rows in ``order``) from the
-    step that sampled it."""
+    step that sampled it. A pending token is always its request's last input, and only the
+    overlapped loop makes them (no feed: nothing to look for)."""
+    if feed is None:
+        return
     dst, src, at = [], [], 0
     for s in order:
-        for j, token in enumerate(s.token_ids):
-            if token == PLACEHOLDER:
-                if feed is None or s.request_id not in feed.rows:
-                    raise RuntimeError(f"request {s.request_id}: a pending token with no step")
-                dst.append(at + j)
-                src.append(feed.rows[s.request_id])
         at += s.num_tokens
+        if s.token_ids[-1] == PLACEHOLDER:
+            if s.request_id not in feed.rows:
+                raise RuntimeError(f"request {s.request_id}: a pending token with no step")
+            dst.append(at - 1)
+            src.append(feed.rows[s.request_id])
     if not dst:
         return
-    assert feed is not None
     index = torch.tensor([dst, src], dtype=torch.long)
     if input_ids.device.type == "cuda":  # pinned, so the copy does not wait for the stream
         index = index.pin_memory().to(input_ids.device, non_blocking=True)
