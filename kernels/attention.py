@@ -247,9 +247,9 @@ def _triton_decode(
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     # Here, not at the top: Triton is optional (a dev extra; CPU-only installs lack it).
-    from tide_fleet.kernels import triton_attention as tk
+    from tide_fleet.kernels import triton_decode
 
-    return tk.decode_attention(
+    return triton_decode.decode_attention(
         query, k_cache, v_cache, g.block_tables, g.context_lens, scale, g.max_context, out
     )
 

@@ -195,6 +195,6 @@ def _shrink(
 
 
 def _dot_options(dtype: torch.dtype) -> dict[str, object]:
-    # The interpreter's bf16 tl.dot is wrong (see triton_attention._upcast): fp32 there.
+    # The interpreter's bf16 tl.dot is wrong (see triton_attention.upcast_dots): fp32 there.
     upcast = INTERPRETED and dtype in (torch.bfloat16, torch.float16)
     return {"UPCAST": upcast, "PRECISION": "ieee" if dtype == torch.float32 else "tf32"}

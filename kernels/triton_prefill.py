@@ -164,7 +164,7 @@ def prefill_attention_varlen(
     constexprs = dict(
         GROUP=group, BLOCK_G=block_g, HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim),
         BLOCK_M=block_m, BLOCK_SIZE=block_size,
-        # The interpreter's bf16 tl.dot is wrong (see triton_attention._upcast): fp32 there.
+        # The interpreter's bf16 tl.dot is wrong (see triton_attention.upcast_dots): fp32 there.
         UPCAST=INTERPRETED and query.dtype in (torch.bfloat16, torch.float16),
     )  # fmt: skip
     grid = (num_chunks, triton.cdiv(batch.max_query_len, block_m), num_kv_heads)

@@ -45,7 +45,7 @@ def peak_for(name: str) -> float | None:
 def main() -> None:
     if not torch.cuda.is_available():
         raise SystemExit("bench_kernels.py needs a CUDA device")
-    from tide_fleet.kernels.triton_attention import decode_attention
+    from tide_fleet.kernels.triton_decode import decode_attention
 
     batch, context, heads, kv_heads, head_dim, block = 64, 4096, 32, 8, 128, 16
     dev, dtype = torch.device("cuda"), torch.bfloat16

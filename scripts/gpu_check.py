@@ -91,7 +91,7 @@ def sampler_cost(vocab: int, device: torch.device, reps: int) -> dict[str, Any]:
 
 
 def attention_bandwidth(device: torch.device, smoke: bool, copy_gb_s: float) -> dict[str, Any]:
-    from tide_fleet.kernels import triton_attention as tk
+    from tide_fleet.kernels import triton_decode as tk
 
     n, context, kvh, heads, hd, bs = (4, 256, 2, 8, 16, 16) if smoke else (64, 4096, 8, 32, 128, 16)
     width = context // bs

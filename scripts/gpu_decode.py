@@ -50,7 +50,7 @@ def section(out: dict[str, Any], name: str, fn) -> None:  # type: ignore[no-unty
 
 def compiled_variants() -> int | None:
     """Compiled Triton decode-kernel variants so far (None under the interpreter)."""
-    from tide_fleet.kernels import triton_attention as tk
+    from tide_fleet.kernels import triton_decode as tk
     from tide_fleet.kernels import triton_prefill as tp
 
     total = 0

@@ -56,9 +56,9 @@ def test_kv_write_skips_padding_slots(backend):
 
 def _decode(backend, query, k_cache, v_cache, tables, context, scale):
     if backend == "triton":
-        from tide_fleet.kernels import triton_attention
+        from tide_fleet.kernels import triton_decode
 
-        return triton_attention.decode_attention(
+        return triton_decode.decode_attention(
             query, k_cache, v_cache, tables, context, scale, int(context.max())
         )
     if backend == "cpp":

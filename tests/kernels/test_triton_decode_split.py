@@ -10,7 +10,7 @@ import torch
 pytest.importorskip("triton")
 
 from tests.kernels.test_attention import dense_reference
-from tide_fleet.kernels import triton_attention as tk
+from tide_fleet.kernels import triton_decode as tk
 
 
 def _batch(contexts: list[int], kvh: int = 2, heads: int = 8, hd: int = 32, bs: int = 16):

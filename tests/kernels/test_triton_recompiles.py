@@ -14,6 +14,7 @@ pytest.importorskip("triton")
 
 from tests.kernels.test_attention import dense_reference
 from tide_fleet.kernels import triton_attention as tk
+from tide_fleet.kernels import triton_decode as td
 from tide_fleet.kernels.launch import DeviceMismatch, launch, record_launches, specialisation_key
 
 CONTEXTS = [100, 500, 513, 1000, 1024, 2047, 3000, 4097, 6000, 8000, 8192]
@@ -27,7 +28,7 @@ def _decode_at(context: int, block_size: int = 16, kvh: int = 1, heads: int = 2,
     tables = torch.randperm(width, generator=gen).view(1, width)
     query = torch.randn(1, heads, hd, generator=gen)
     lens = torch.tensor([context], dtype=torch.int32)
-    out = tk.decode_attention(query, k_cache, v_cache, tables, lens, hd**-0.5, context)
+    out = td.decode_attention(query, k_cache, v_cache, tables, lens, hd**-0.5, context)
     return out, (query, k_cache, v_cache, tables)
 
 
@@ -56,9 +57,9 @@ def test_decode_with_scaled_partitions_matches_dense(context):
 @pytest.mark.parametrize("block_size", [16, 32, 1024])
 def test_partitions_are_bounded_and_block_aligned(block_size):
     for context in [*CONTEXTS, 1, 32_768, 131_072, 1_000_000]:
-        partition, parts = tk.decode_partitions(context, block_size)
-        assert 1 <= parts <= tk.MAX_PARTITIONS
-        assert partition % block_size == 0 and partition % tk.PARTITION_SIZE == 0
+        partition, parts = td.decode_partitions(context, block_size)
+        assert 1 <= parts <= td.MAX_PARTITIONS
+        assert partition % block_size == 0 and partition % td.PARTITION_SIZE == 0
         assert partition * parts >= context > partition * (parts - 1)
 
 
@@ -98,7 +99,7 @@ def test_the_triton_wrappers_check_every_tensor(monkeypatch):
     table = torch.zeros(1, 2, dtype=torch.long, device="meta")
     lens = torch.ones(1, dtype=torch.int32)
     with pytest.raises(DeviceMismatch, match="block_tables is on meta"):
-        tk.decode_attention(q, cache, cache, table, lens, 0.25, 1)
+        td.decode_attention(q, cache, cache, table, lens, 0.25, 1)
     with pytest.raises(DeviceMismatch, match="block_table is on meta"):
         tk.prefill_attention(q, cache, cache, table[0], 0, 0.25)
     with pytest.raises(DeviceMismatch, match="slots is on meta"):
