@@ -55,7 +55,7 @@ class Elementwise:
         if self.native_norm:
             return self.ops.rms_norm(x, w, eps)
         if self.triton_norm and _triton_fused().takes_norm(x, w):
-            return _triton_fused().rms_norm(x, w, eps)
+            return _triton_fused().rms_norm(x, w, eps, check=False)
         return rms_norm(x, w, eps)
 
     def add_rms_norm_(
@@ -65,7 +65,7 @@ class Elementwise:
         if self.native_norm:
             return self.ops.add_rms_norm_(hidden, delta, w, eps)
         if self.triton_norm and _triton_fused().takes_norm(hidden, w):
-            return _triton_fused().add_rms_norm_(hidden, delta, w, eps)
+            return _triton_fused().add_rms_norm_(hidden, delta, w, eps, check=False)
         return rms_norm(hidden.add_(delta), w, eps)
 
     def rotary_(
@@ -85,7 +85,7 @@ class Elementwise:
         if self.triton_rope and _triton_fused().takes_rotary(
             x, positions, cos, sin, heads, head_dim
         ):
-            _triton_fused().rotary_(x, positions, cos, sin, heads, head_dim)
+            _triton_fused().rotary_(x, positions, cos, sin, heads, head_dim, check=False)
             return
         part = x[:, : heads * head_dim].view(x.shape[0], heads, head_dim)
         part.copy_(apply_rotary(part, cos[positions].unsqueeze(1), sin[positions].unsqueeze(1)))
@@ -113,12 +113,12 @@ class Elementwise:
                 slot_mapping)  # fmt: skip
         if not fused.takes_rotary_kv_write(*call):
             return False
-        fused.rotary_kv_write_(*call)
+        fused.rotary_kv_write_(*call, check=False)
         return True
 
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         if self.native_activation:
             return self.ops.silu_mul(gate_up)
         if self.triton_activation and _triton_fused().takes_silu_mul(gate_up):
-            return _triton_fused().silu_mul(gate_up)
+            return _triton_fused().silu_mul(gate_up, check=False)
         return silu_mul(gate_up)

@@ -74,15 +74,15 @@ def takes_norm(x: torch.Tensor, w: torch.Tensor) -> bool:
 
 
 def _norm(
-    hidden: torch.Tensor, delta: torch.Tensor | None, w: torch.Tensor, eps: float
+    hidden: torch.Tensor, delta: torch.Tensor | None, w: torch.Tensor, eps: float, check: bool
 ) -> torch.Tensor:
-    if not takes_norm(hidden, w):
+    if check and not takes_norm(hidden, w):
         raise ValueError(
             f"rms_norm: x must be [rows, <= {MAX_NORM_DIM}] with unit last stride in "
             f"{', '.join(map(str, DTYPES))}, weight [dim] of its dtype; got x "
             f"{tuple(hidden.shape)} {hidden.dtype}, weight {tuple(w.shape)} {w.dtype}"
         )
-    if delta is not None and (
+    if delta is not None and (  # checked always: Elementwise's takes_norm does not see it
         delta.shape != hidden.shape or delta.stride(1) != 1 or delta.dtype != hidden.dtype
     ):
         raise ValueError("add_rms_norm_: delta must match hidden (shape, dtype, unit last stride)")
@@ -104,16 +104,17 @@ def _norm(
     return out
 
 
-def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    """out = round(w * round(x * inv_rms(x))) for x [rows, dim]."""
-    return _norm(x, None, w, eps)
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float, check: bool = True) -> torch.Tensor:
+    """out = round(w * round(x * inv_rms(x))) for x [rows, dim]. ``check=False``: the caller
+    has asked ``takes_norm`` already (kernels/elementwise.py, once a call)."""
+    return _norm(x, None, w, eps, check)
 
 
 def add_rms_norm_(
-    hidden: torch.Tensor, delta: torch.Tensor, w: torch.Tensor, eps: float
+    hidden: torch.Tensor, delta: torch.Tensor, w: torch.Tensor, eps: float, check: bool = True
 ) -> torch.Tensor:
     """hidden += delta in place (rounded to its dtype); returns rms_norm(hidden) * w."""
-    return _norm(hidden, delta, w, eps)
+    return _norm(hidden, delta, w, eps, check)
 
 
 @triton.jit  # type: ignore[untyped-decorator]
@@ -137,9 +138,9 @@ def takes_silu_mul(gate_up: torch.Tensor) -> bool:
     )  # fmt: skip
 
 
-def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+def silu_mul(gate_up: torch.Tensor, check: bool = True) -> torch.Tensor:
     """[rows, 2 * inter] (gate | up) -> [rows, inter]: round(round(silu(gate)) * up)."""
-    if not takes_silu_mul(gate_up):
+    if check and not takes_silu_mul(gate_up):
         raise ValueError(
             "silu_mul: gate_up must be [rows, 2 * intermediate] with unit last stride in "
             f"{', '.join(map(str, DTYPES))}; got {tuple(gate_up.shape)} {gate_up.dtype}"

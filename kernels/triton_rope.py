@@ -78,11 +78,13 @@ def rotary_(
     sin: torch.Tensor,
     heads: int,
     head_dim: int,
+    check: bool = True,
 ) -> None:
     """Rotate the first ``heads`` heads of each row of x [rows, >= heads * head_dim] in
     place at the rows' positions in cos/sin [max_pos, head_dim] (positions are not checked
-    against the tables: that would wait on the GPU)."""
-    if not takes_rotary(x, positions, cos, sin, heads, head_dim):
+    against the tables: that would wait on the GPU). ``check=False``: the caller has asked
+    ``takes_rotary`` already."""
+    if check and not takes_rotary(x, positions, cos, sin, heads, head_dim):
         raise ValueError(
             f"rotary_: x must be [rows, >= {heads} x {head_dim}] with unit last stride, "
             "positions integer [rows], cos/sin contiguous [max_pos, head_dim] of x's dtype; "
@@ -168,12 +170,15 @@ def rotary_kv_write_(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
+    check: bool = True,
 ) -> None:
     """Rotate q's and k's heads in place in the fused qkv rows [rows, (heads + 2 x kv_heads)
     x head_dim] and write each token's rotated k and its v to its slot in k_cache/v_cache.
     slot_mapping may be shorter than the rows (rows past it are padding: rotated only)."""
-    fits = takes_rotary_kv_write(qkv, positions, cos, sin, num_heads, num_kv_heads, head_dim,
-                                 k_cache, v_cache, slot_mapping)  # fmt: skip
+    fits = not check or takes_rotary_kv_write(
+        qkv, positions, cos, sin, num_heads, num_kv_heads, head_dim, k_cache, v_cache,
+        slot_mapping,
+    )  # fmt: skip
     if not fits:
         raise ValueError(
             f"rotary_kv_write_: qkv must be [rows, >= ({num_heads} + 2 x {num_kv_heads}) x "
