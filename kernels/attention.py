@@ -106,8 +106,10 @@ def paged_attention(
     v_cache: torch.Tensor,
     meta: AttentionMetadata,
     scale: float,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Attention for a flattened step; query [T, heads, head_dim] -> [T, heads, head_dim].
+    """Attention for a flattened step; query [T, heads, head_dim] -> [T, heads, head_dim],
+    written into ``out`` when given (a buffer a CUDA graph reads).
 
     key/value are this step's new K/V (already written to the cache); a prefill chunk
     with no cached prefix attends to them directly and skips the gather.
@@ -116,13 +118,13 @@ def paged_attention(
     decode = dispatch.impl("decode_attention", device)
     prefill = dispatch.impl("prefill_attention", device)
     if decode == "triton" and prefill == "triton":
-        return _triton_attention(query, k_cache, v_cache, meta, scale)
+        return _triton_attention(query, k_cache, v_cache, meta, scale, out)
     on_cpu = device.type == "cpu" and query.dtype in NATIVE_DTYPES
     cpp = on_cpu and dispatch.is_native(decode)
-    if cpp and not meta.prefills and len(meta.decode_groups) == 1:
+    if cpp and not meta.prefills and len(meta.decode_groups) == 1 and out is None:
         # the whole step: no scatter into a separate output
         return _cpp_decode(query, k_cache, v_cache, meta.decode_groups[0], scale)
-    out = torch.empty_like(query)
+    out = torch.empty_like(query) if out is None else out
     for group in meta.decode_groups:
         if cpp:
             out[group.rows] = _cpp_decode(query[group.rows], k_cache, v_cache, group, scale)
@@ -231,8 +233,9 @@ def _triton_attention(
     v_cache: torch.Tensor,
     meta: AttentionMetadata,
     scale: float,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    out = torch.empty_like(query)
+    out = torch.empty_like(query) if out is None else out
     for g in meta.decode_groups:  # each group's rows written in place
         _triton_decode(query[g.rows], k_cache, v_cache, g, scale, out[g.rows])
     return _triton_prefill(query, k_cache, v_cache, meta, scale, out)

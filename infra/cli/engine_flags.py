@@ -98,6 +98,9 @@ ENGINE_FLAGS: tuple[EngineFlag, ...] = (
     EngineFlag("cuda_graphs", "cuda_graphs", "auto", choices=("auto", "off", "eager"),
                help="decode-only steps as CUDA graphs: auto (on CUDA with Triton), off, or "
                "eager (the same padded steps, uncaptured; for debugging)"),
+    EngineFlag("mixed_graph_tokens", "mixed_graph_tokens", 512, type=int, metavar="N",
+               help="steps with prefill of up to N tokens also run under --cuda-graphs, "
+               "captured in pieces around attention (0: they run eagerly)"),
     EngineFlag("overlap_schedule", "overlap_schedule", "auto", choices=("auto", "on", "off"),
                help="launch each step before the last one's tokens are read back: auto "
                "(on CUDA at one rank), on, or off (the serial loop)"),
@@ -135,6 +138,7 @@ GENERATE_FLAGS: tuple[EngineFlag, ...] = (
         help=ATTENTION_HELP + " (torch reference where it cannot be built)",
     ),
     engine_flag("cuda_graphs"),
+    engine_flag("mixed_graph_tokens"),
     engine_flag("overlap_schedule"),
     engine_flag("tensor_parallel_size"),
 )

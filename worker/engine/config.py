@@ -31,6 +31,9 @@ class EngineConfig:
     # Decode-only steps as CUDA graphs (worker/engine/decode_graphs.py). auto: on CUDA with
     # the Triton kernels; off: never; eager: the same padded static-buffer steps, uncaptured.
     cuda_graphs: str = "auto"
+    # Steps with prefill of up to this many tokens run under the same mode, captured in
+    # pieces around attention (worker/engine/mixed_graphs.py); 0: those steps stay eager.
+    mixed_graph_tokens: int = 512
     # Detokenize a step's tokens while the device runs the next (worker/engine/output_text.py):
     # auto = on CUDA; on (tests on CPU) | off.
     overlap_detokenize: str = "auto"
@@ -72,6 +75,10 @@ class EngineConfig:
             raise ValueError(
                 "attention_backend must be auto, torch, cpp or triton, "
                 f"got {self.attention_backend!r}"
+            )
+        if self.mixed_graph_tokens < 0:
+            raise ValueError(
+                f"mixed_graph_tokens must be at least 0 (0: off), got {self.mixed_graph_tokens}"
             )
         if self.cuda_graphs not in ("auto", "off", "eager"):
             raise ValueError(f"cuda_graphs must be auto, off or eager, got {self.cuda_graphs!r}")

@@ -36,6 +36,7 @@ from tide_fleet.worker.engine.kv_budget import (
     gpu_kv_budget,
     model_weight_bytes,
 )
+from tide_fleet.worker.engine.mixed_graphs import MixedGraphs
 from tide_fleet.worker.engine.overlap import Feed, apply_feed
 from tide_fleet.worker.engine.peers import StepPeers
 from tide_fleet.worker.engine.sampler import profile_sampling
@@ -124,11 +125,14 @@ class ModelRunner:
                 time.perf_counter() - started,
             )
         self.graphs: DecodeGraphs | None = None
+        self.mixed: MixedGraphs | None = None  # steps with prefill, in pieces
+        capture = self.graph_mode == "cuda"
         if self.graph_mode != "off":
-            self.graphs = DecodeGraphs(
-                model, self.kv_caches, self.builder, config.max_num_seqs, max_model_len,
-                capture=self.graph_mode == "cuda",
-            )  # fmt: skip
+            self.graphs = DecodeGraphs(model, self.kv_caches, self.builder,
+                                       config.max_num_seqs, max_model_len, capture)  # fmt: skip
+        if self.graph_mode != "off" and config.mixed_graph_tokens:
+            top = min(config.mixed_graph_tokens, config.max_num_batched_tokens)
+            self.mixed = MixedGraphs(model, self.kv_caches, self.builder, top, capture)
 
     def _plan_num_blocks(self, max_model_len: int) -> int:
         cfg = self.config
@@ -278,6 +282,9 @@ class ModelRunner:
         adapted = any(s.lora_slot >= 0 for s in out.scheduled)
         if self.graphs is not None and not adapted and self.graphs.fits(out.scheduled):
             logits, ids = self.graphs.run(out.scheduled, feed)
+            return StepResult(logits=logits, sampled_ids=ids)
+        if self.mixed is not None and not adapted and self.mixed.fits(out.scheduled):
+            logits, ids = self.mixed.run(out.scheduled, feed)
             return StepResult(logits=logits, sampled_ids=ids)
         step = self.builder.build(out.scheduled)
         apply_feed(step.input_ids, step.order, feed)

@@ -114,7 +114,10 @@ class StepBuilder:
         self.varlen = varlen
         self.sampled_rows: torch.Tensor | None = None  # write_padded_decodes: rows to sample
 
-    def build(self, scheduled: list[ScheduledRequest]) -> StepInputs:
+    def build(self, scheduled: list[ScheduledRequest], pad_to: int = 0) -> StepInputs:
+        """``pad_to``: also write padding tokens up to that many rows into the token, position
+        and slot buffers (token 0 at position 0, slot -1: no KV write), for a step a graph
+        runs at a fixed token count (``mixed_graphs``); the inputs stay the real rows."""
         self.buffers.wait_for_copies()
         decodes = sorted((s for s in scheduled if s.num_tokens == 1), key=lambda s: s.start_pos)
         prefills = [s for s in scheduled if s.num_tokens > 1]
@@ -131,6 +134,9 @@ class StepBuilder:
             view["slots"][at : at + len(p)] = self.tables.view[row, p // bs] * bs + p % bs
             at += len(p)
         view["input_ids"][:total] = [t for s in order for t in s.token_ids]
+        padded = max(pad_to, total)
+        for name, pad in (("input_ids", 0), ("positions", 0), ("slots", -1)):
+            view[name][total:padded] = pad
         # A one-token row is not always a decode: a prefill chunk cut to one token by the
         # step budget has no next token to sample yet.
         logits_rows, sampled_ids, end = [], [], 0
@@ -141,15 +147,15 @@ class StepBuilder:
                 sampled_ids.append(s.request_id)
         view["logits_rows"][: len(logits_rows)] = logits_rows
         self.tables.upload()
-        meta = AttentionMetadata(slot_mapping=buf.upload("slots", total), block_size=bs)
+        meta = AttentionMetadata(slot_mapping=buf.upload("slots", padded)[:total], block_size=bs)
         meta.decode_groups = self._decode_groups(decodes)
         meta.prefills = self._prefill_chunks(prefills, rows[nd:], nd)
         if self.varlen and prefills:
             meta.prefill_batch = self._prefill_batch(prefills, rows[nd:], nd)
         step = StepInputs(
             order=order,
-            input_ids=buf.upload("input_ids", total),
-            positions=buf.upload("positions", total),
+            input_ids=buf.upload("input_ids", padded)[:total],
+            positions=buf.upload("positions", padded)[:total],
             meta=meta,
             logits_rows=buf.upload("logits_rows", len(logits_rows)),
             sampled_ids=sampled_ids,

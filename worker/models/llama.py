@@ -90,41 +90,93 @@ class LlamaModel(NativeSteps):
         projection (None: every row is the base model's)."""
         if self.native is not None:
             return self._forward_native(input_ids, positions, kv_caches, meta, logits_indices, lora)
-        cfg, n, hd = self.config, input_ids.shape[0], self.config.head_dim
-        eps, rot_heads = cfg.rms_norm_eps, cfg.num_heads + cfg.num_kv_heads
-        q_end, k_end = self.q_size, self.q_size + self.kv_size
         # Each elementwise op on the implementation the kernel table names: on CUDA the
         # fused Triton kernels (kernels/triton_fused.py), elsewhere their torch reference.
         glue = Elementwise(None, self.device)
-        hidden = self._embed(input_ids)
+        n = input_ids.shape[0]
+        hidden = self.embed_tokens(input_ids)
         delta: torch.Tensor | None = None
-        for i, (layer, (k_cache, v_cache)) in enumerate(zip(self.layers, kv_caches, strict=True)):
-            if delta is None:
-                x = glue.rms_norm(hidden, layer.input_norm, eps)
-            else:  # the last layer's MLP output joins the residual inside the norm
-                x = glue.add_rms_norm_(hidden, delta, layer.input_norm, eps)
-            qkv = adapted(lora, "qkv", i, layer.qkv(x), x)
-            q = qkv[:, :q_end].view(n, cfg.num_heads, hd)
-            k = qkv[:, q_end:k_end].view(n, cfg.num_kv_heads, hd)
-            v = qkv[:, k_end:].view(n, cfg.num_kv_heads, hd)
-            # q and k rotated in place in the fused rows, k and v written to the cache: one
-            # launch where the table takes both on Triton, else two steps.
-            fused = glue.rotary_kv_write_(
-                qkv, positions, self.rope.cos, self.rope.sin, cfg.num_heads,
-                cfg.num_kv_heads, hd, k_cache, v_cache, meta.slot_mapping,
-            )  # fmt: skip
-            if not fused:
-                glue.rotary_(qkv, positions, self.rope.cos, self.rope.sin, rot_heads, hd)
-                write_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping)
-            attn = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale)
-            attn_in = attn.reshape(n, self.q_size)
-            attn_out = self._reduce(adapted(lora, "o", i, layer.o(attn_in), attn_in))
-            x = glue.add_rms_norm_(hidden, attn_out, layer.post_norm, eps)
-            act = glue.silu_mul(adapted(lora, "gate_up", i, layer.gate_up(x), x))
-            delta = self._reduce(adapted(lora, "down", i, layer.down(act), act))
+        for i, (k_cache, v_cache) in enumerate(kv_caches):
+            qkv = self.attention_in(i, hidden, delta, positions, k_cache, v_cache,
+                                    meta.slot_mapping, glue, lora)  # fmt: skip
+            attn = self.attend(qkv, n, k_cache, v_cache, meta)
+            delta = self.attention_out(i, attn, hidden, glue, lora)
+        return self.finish(hidden, delta, logits_indices, glue)
+
+    # The halves of a layer around its attention, the pieces ``forward`` runs in turn (and
+    # worker/engine/mixed_graphs.py captures as CUDA graphs, with attention between them).
+
+    def attention_in(
+        self, i: int, hidden: torch.Tensor, delta: torch.Tensor | None, positions: torch.Tensor,
+        k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor, glue: Elementwise,
+        lora: LoraStep | None = None,
+    ) -> torch.Tensor:  # fmt: skip
+        """Layer i up to attention: the layer before's MLP output ``delta`` joins the
+        residual ``hidden`` (in place) inside the norm, then the q|k|v projection, RoPE on
+        q and k, and k and v written to the cache at ``slots`` (-1: not written). Returns
+        the rotated q|k|v rows [T, q + 2 kv]."""
+        cfg, hd, layer = self.config, self.config.head_dim, self.layers[i]
+        eps, rot_heads = cfg.rms_norm_eps, cfg.num_heads + cfg.num_kv_heads
+        if delta is None:
+            x = glue.rms_norm(hidden, layer.input_norm, eps)
+        else:
+            x = glue.add_rms_norm_(hidden, delta, layer.input_norm, eps)
+        qkv = adapted(lora, "qkv", i, layer.qkv(x), x)
+        # q and k rotated in place in the fused rows, k and v written to the cache: one
+        # launch where the table takes both on Triton, else two steps.
+        fused = glue.rotary_kv_write_(
+            qkv, positions, self.rope.cos, self.rope.sin, cfg.num_heads,
+            cfg.num_kv_heads, hd, k_cache, v_cache, slots,
+        )  # fmt: skip
+        if not fused:
+            glue.rotary_(qkv, positions, self.rope.cos, self.rope.sin, rot_heads, hd)
+            _, k, v = self._split(qkv, qkv.shape[0])
+            write_kv_cache(k, v, k_cache, v_cache, slots)
+        return qkv
+
+    def attend(
+        self, qkv: torch.Tensor, n: int, k_cache: torch.Tensor, v_cache: torch.Tensor,
+        meta: AttentionMetadata, out: torch.Tensor | None = None,
+    ) -> torch.Tensor:  # fmt: skip
+        """Attention of the first n rows of q|k|v (their K/V already in the cache); returns
+        [n, q_size], written into ``out`` [n, q_size] when given."""
+        q, k, v = self._split(qkv, n)
+        into = None if out is None else out.view(n, self.config.num_heads, -1)
+        attn = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale, into)
+        return attn.view(n, self.q_size)
+
+    def attention_out(
+        self, i: int, attn: torch.Tensor, hidden: torch.Tensor, glue: Elementwise,
+        lora: LoraStep | None = None,
+    ) -> torch.Tensor:  # fmt: skip
+        """Layer i after attention: the o projection joins the residual (in place) inside
+        the post-attention norm, then gate|up, SiLU x up and down. Returns the MLP's
+        output, which the next layer's norm (or ``finish``) adds to the residual."""
+        layer, eps = self.layers[i], self.config.rms_norm_eps
+        attn_out = self._reduce(adapted(lora, "o", i, layer.o(attn), attn))
+        x = glue.add_rms_norm_(hidden, attn_out, layer.post_norm, eps)
+        act = glue.silu_mul(adapted(lora, "gate_up", i, layer.gate_up(x), x))
+        return self._reduce(adapted(lora, "down", i, layer.down(act), act))
+
+    def finish(
+        self, hidden: torch.Tensor, delta: torch.Tensor | None, logits_indices: torch.Tensor,
+        glue: Elementwise,
+    ) -> torch.Tensor:  # fmt: skip
+        """The last MLP output joined, the final norm and float32 logits of the rows."""
         if delta is not None:
             hidden.add_(delta)
+        eps = self.config.rms_norm_eps
         return self._logits(glue.rms_norm(hidden[logits_indices], self.norm, eps))
+
+    def _split(self, qkv: torch.Tensor, n: int) -> tuple[torch.Tensor, ...]:
+        """q [n, heads, hd], k and v [n, kv_heads, hd]: views of q|k|v's first n rows."""
+        cfg, hd = self.config, self.config.head_dim
+        q_end, k_end = self.q_size, self.q_size + self.kv_size
+        return (
+            qkv[:n, :q_end].view(n, cfg.num_heads, hd),
+            qkv[:n, q_end:k_end].view(n, cfg.num_kv_heads, hd),
+            qkv[:n, k_end:].view(n, cfg.num_kv_heads, hd),
+        )
 
     def warm_up_matmuls(self, max_rows: int, max_logit_rows: int) -> list[str]:
         """Build the packed CPU matmuls for every row bucket now (``kernels/linear.py``):

@@ -48,7 +48,7 @@ class NativeSteps:
     _packed_biases: list[torch.Tensor]
     _small_weights: list[torch.Tensor]
 
-    def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+    def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
         """The rows of the step's tokens; with tp, each rank's vocabulary rows summed."""
         if self.tp is None:
             return F.embedding(input_ids, self.embed)
@@ -139,7 +139,7 @@ class NativeSteps:
         if rows > n:
             input_ids = F.pad(input_ids, (0, rows - n))
             positions = F.pad(positions, (0, rows - n))
-        hidden = self._embed(input_ids)
+        hidden = self.embed_tokens(input_ids)
         if whole and self._takes_packed_step(n, meta):
             hidden = self._packed_step(hidden, positions, kv_caches, meta)
             return self.lm_head(ops.rms_norm(hidden[logits_indices], self.norm, eps)).float()
