@@ -45,15 +45,25 @@ class LiveUp:
     def log_text(self) -> str:
         return self.log.read_text(errors="replace")
 
+    def stop(self) -> str:
+        """Ctrl-C, as a user stops it: asserts it exits 0 within 120 s; returns its log."""
+        self.proc.send_signal(signal.SIGINT)
+        self.proc.wait(timeout=120)
+        assert self.proc.returncode == 0, self.log_text()[-2000:]
+        return self.log_text()
+
 
 @contextmanager
-def tide_up(tmp_path: Path, *flags: str, ready_s: float = 120) -> Iterator[LiveUp]:
-    """`tide -v up --port P *flags` (its own embedded Redis, data under tmp_path), once its
-    gateway is ready. A failure inside prints the end of its log; SIGINT stops it after,
-    unless the test has already stopped it."""
+def tide_up(
+    tmp_path: Path, *flags: str, ready_s: float = 120, env: dict[str, str] | None = None
+) -> Iterator[LiveUp]:
+    """`tide -v up --port P *flags` (its own embedded Redis, data under tmp_path; ``env``
+    added to its environment), once its gateway is ready. A failure inside prints the end
+    of its log; SIGINT stops it after, unless the test has already stopped it (``stop``)."""
     port = free_port()
     data = tmp_path / "data"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "TIDE_DATA_DIR": str(data), **SHORT_LEASES}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TIDE_DATA_DIR": str(data), **SHORT_LEASES,
+           **(env or {})}  # fmt: skip
     env.pop("REDIS_URL", None)
     argv = [sys.executable, "-m", "tide_fleet.infra.cli", "-v", "up", "--port", str(port), *flags]
     log = tmp_path / "up.log"

@@ -3,19 +3,12 @@ real worker beside their base; answers name the adapter and differ from the base
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
-
 import httpx
 import pytest
 from openai import OpenAI
 
-from tests.conftest import ROOT
 from tests.lora_fixtures import make_adapter
-from tide_fleet.infra.fleet.local_fleet import wait_ready
-from tide_fleet.infra.fleet.redis_server import free_port
+from tests.service.live_up import tide_up
 
 pytestmark = pytest.mark.slow
 PROMPT = "Once upon a time, there was a little"
@@ -24,17 +17,10 @@ PROMPT = "Once upon a time, there was a little"
 def test_tide_up_serves_declared_and_loaded_adapters(tmp_path, stories_path):  # type: ignore[no-untyped-def]
     sql = make_adapter(tmp_path / "sql", stories_path, 8, ["q_proj", "v_proj", "o_proj"], seed=1)
     mlp = make_adapter(tmp_path / "mlp", stories_path, 4, ["gate_proj", "up_proj"], seed=2)
-    port = free_port()
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "TIDE_DATA_DIR": str(tmp_path / "data")}
-    env.pop("REDIS_URL", None)
-    argv = [sys.executable, "-m", "tide_fleet.infra.cli", "up", "--workers", "1", "--port",
-            str(port), "--model", f"stories={stories_path}", "--lora", f"sql={sql}",
-            "--dtype", "float32"]  # fmt: skip
-    up = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT)  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_ready(url, timeout=120)
+    flags = ("--workers", "1", "--model", f"stories={stories_path}", "--lora", f"sql={sql}",
+             "--dtype", "float32")  # fmt: skip
+    with tide_up(tmp_path, *flags) as up:
+        url = up.url
         client = OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120)
         model = str(stories_path)  # one model: served under its path
         assert [c.id for c in client.models.list().data] == [model, "sql"]
@@ -51,12 +37,5 @@ def test_tide_up_serves_declared_and_loaded_adapters(tmp_path, stories_path):  #
         assert greedy("mlp")[0] == "mlp" and greedy("mlp")[1] not in (base[1], greedy("sql")[1])
         assert greedy(model) == base  # the base is untouched by its adapters
         assert httpx.delete(f"{url}/v1/adapters/mlp").status_code == 200
-    except BaseException:
-        up.send_signal(signal.SIGINT)
-        out, _ = up.communicate(timeout=120)
-        print(out.decode()[-4000:])  # shown by pytest on failure
-        raise
-    up.send_signal(signal.SIGINT)
-    out, _ = up.communicate(timeout=120)
-    assert up.returncode == 0, out.decode()[-2000:]
-    assert b"  lora     sql on " in out and b"(rank 8)" in out
+        log = up.stop()
+    assert "  lora     sql on " in log and "(rank 8)" in log
