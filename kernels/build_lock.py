@@ -20,6 +20,9 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 POLL_S = 0.2
+# A wait shorter than this is a sibling loading what is built (tensor-parallel ranks start
+# together) and goes unsaid; past it, the waiter says whom it waits for.
+QUIET_S = 2.0
 
 
 @contextlib.contextmanager
@@ -49,7 +52,8 @@ def holder(path: Path) -> str:
 
 
 def _acquire(fd: int, path: Path, wait_s: float) -> None:
-    deadline = time.monotonic() + wait_s
+    start = time.monotonic()
+    deadline = start + wait_s
     waiting = False
     while True:
         try:
@@ -59,7 +63,7 @@ def _acquire(fd: int, path: Path, wait_s: float) -> None:
             pass
         if time.monotonic() >= deadline:
             raise TimeoutError(f"{path} still held by {holder(path)} after {wait_s:g} s")
-        if not waiting:
+        if not waiting and time.monotonic() - start >= QUIET_S:
             log.warning("waiting up to %g s for %s, held by %s", wait_s, path, holder(path))
             waiting = True
         time.sleep(POLL_S)

@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -133,3 +134,26 @@ def test_a_live_holder_makes_a_load_wait_at_most_the_bound_then_fall_back(tmp_pa
     assert 1.0 <= waited < 5.0
     assert str(lock) in caplog.text and f"pid {holder.pid}" in caplog.text
     assert "torch reference path" in caplog.text
+
+
+def test_a_short_wait_goes_unsaid_and_a_long_one_names_the_holder(tmp_path, caplog):
+    from tide_fleet.kernels.build_lock import QUIET_S, held
+
+    lock = tmp_path / "build.lock"
+    for seconds, says in ((0.4, False), (QUIET_S + 0.6, True)):
+        ready = threading.Event()
+
+        def hold(seconds: float = seconds, ready: threading.Event = ready) -> None:
+            with held(lock, wait_s=0):
+                ready.set()
+                time.sleep(seconds)
+
+        holder = threading.Thread(target=hold)
+        holder.start()
+        ready.wait(10)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING), held(lock, wait_s=30):
+            pass
+        holder.join()
+        assert ("waiting up to 30 s" in caplog.text) is says, caplog.text
+        assert (f"pid {os.getpid()}" in caplog.text) is says
