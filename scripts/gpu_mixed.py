@@ -45,6 +45,7 @@ def mixed_steps(model, device: torch.device, smoke: bool) -> dict[str, Any]:  # 
         if runner.mixed is not None:
             out["pieces_sizes"] = runner.mixed.sizes
             out["pieces_capture_seconds"] = round(runner.mixed.capture_seconds, 2)
+            out["pieces_capture_error"] = runner.mixed.error
         for chunk, decodes in plan["cases"]:
             sched = _mixed_sched(chunk, decodes, plan["context"], bs)
             seconds = device_time(lambda r=runner, s=sched: r.execute(s), device, plan["reps"])

@@ -130,3 +130,21 @@ def test_the_cuda_kernels_in_pieces_keep_the_tokens(tiny_path, forced, mixed_ste
 
     assert run("eager") == run("off")
     assert any(n < size for n, size in mixed_steps)
+
+
+@needs_cpp
+def test_a_capture_that_fails_leaves_those_steps_eager(tiny_path, caplog, mixed_steps):
+    # Capturing needs CUDA: on CPU it fails, as it could on a GPU for a reason of its own.
+    engine = make_engine(tiny_path, cuda_graphs="eager", num_kv_blocks=16)
+    runner = engine.runner
+    with caplog.at_level("WARNING"):
+        pieces = MixedGraphs(runner.model, runner.kv_caches, runner.builder, 32, capture=True)
+    assert pieces.error and "could not be captured" in caplog.text
+    step = [ScheduledRequest("a", list(range(5, 22)), 0, [2, 3], True)]
+    assert not pieces.fits(step) and not pieces.graphs
+    runner.mixed = pieces
+    prompts = [[1, *range(10, 40)]]
+    params = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
+    expected = [o.token_ids for o in make_engine(tiny_path).generate(prompts, params)]
+    assert [o.token_ids for o in engine.generate(prompts, params)] == expected
+    assert not mixed_steps  # the prompt ran eagerly

@@ -81,11 +81,19 @@ class MixedGraphs:
         self.hidden: dict[int, torch.Tensor] = {}  # the residual stream, per size
         self.graphs: dict[int, list[torch.cuda.CUDAGraph]] = {}
         self.capture_seconds = 0.0
+        self.error: str | None = None  # why capturing failed: every step then runs eagerly
         if capture:
-            self._capture()
+            try:
+                self._capture()
+            except Exception as e:  # a start-up that serves eagerly beats one that fails
+                self.error = f"{type(e).__name__}: {e}"
+                self.graphs.clear()
+                self.hidden.clear()
+                log.warning("CUDA graphs for steps with prefill could not be captured, so "
+                            "those steps run eagerly: %s", self.error, exc_info=True)  # fmt: skip
 
     def fits(self, scheduled: list[ScheduledRequest]) -> bool:
-        return sum(s.num_tokens for s in scheduled) <= self.sizes[-1]
+        return self.error is None and sum(s.num_tokens for s in scheduled) <= self.sizes[-1]
 
     def run(
         self, scheduled: list[ScheduledRequest], feed: Feed | None = None
