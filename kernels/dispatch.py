@@ -39,6 +39,7 @@ PAIRS = ("cpu-amx", "cpu-avx512bf16")  # a bf16 dot product (tdpbf16ps, vdpbf16p
 LOOPS = ("cpu-avx512", "cpu-avx2", "cpu-generic")  # native kernels, no bf16 dot product
 NATIVE = (*PAIRS, *LOOPS)
 NO_PAIRS = (*LOOPS, "cpu-no-native")
+CPU_CLASSES = (*NATIVE, "cpu-no-native")
 
 
 @dataclass(frozen=True)
@@ -123,7 +124,11 @@ TABLE: dict[str, dict[str, Choice]] = {
         (("cpu-no-native",), "torch", "index_copy_ into the slots"),
     ),
     "sampling": _cells(
-        (CLASSES, "torch", "one batched inverse-CDF draw (kernels/sampling.py): the only one"),
+        (("cuda",), "triton", "every row of the step in one launch, greedy, temperature, top-k "
+         "and top-p (kernels/triton_sampling.py), where torch's path is several; not yet timed "
+         "on a GPU"),
+        (CPU_CLASSES, "torch", "argmax, one batched inverse-CDF draw, a sort only for top-k/top-p "
+         "rows (kernels/sampling.py)"),
     ),
     "lora": _cells(
         (("cuda",), "triton", "segmented shrink/expand (kernels/triton_lora.py): every adapter "
@@ -145,7 +150,7 @@ ALSO: dict[str, tuple[str, ...]] = {
     "rope": ("torch", "triton"),
     "activation": ("cpp-avx512bf16", "torch", "triton"),
     "kv_write": ("torch", "triton"),
-    "sampling": (),
+    "sampling": ("torch", "triton"),
     "lora": ("cpp", "torch", "triton"),
 }
 # fmt: on

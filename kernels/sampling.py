@@ -1,16 +1,29 @@
-"""Batched random sampling with reproducible per-row seeds and no per-row host sync.
+"""Batched sampling with reproducible per-row seeds and no per-row host sync: the torch path,
+and the semantics that it and the one-launch Triton kernel (``kernels/triton_sampling.py``)
+both implement, token for token.
 
-Each random row brings one uniform number ``u`` in [0, 1), made on the host from the row's
-seed and how many tokens it has drawn (``row_uniform``: SplitMix64 of the pair, a few
-Python integer operations). The token is the inverse CDF at ``u`` of the row's
-distribution, for every row at once: softmax, a float64 cumulative sum, and one
-``searchsorted``. A row's token then depends only on its own logits and (seed, count),
-never on what else is in the batch, and nothing on the device waits on a generator.
+Per row: logits x [V] (float32), temperature T (0: greedy), top_k k (<= 0 or >= V: off),
+top_p p (1: off), and one uniform u in [0, 1) (float64) made on the host from the row's seed
+and how many tokens it has drawn (``row_uniform``: SplitMix64 of the pair). A row's token
+depends only on its own logits and (seed, count), never on what else is in the batch.
 
-Rows with top-k or top-p are sorted (descending; only the top max-k candidates where
-every such row sets a top-k) and cut by ``top_k_top_p_mask``; the inverse CDF runs in
-sorted order and maps back through the sort's indices. Rows without
-either skip the sort: the CDF in vocabulary order is just as exact.
+- Greedy (T = 0): the first index of the maximum (``torch.argmax``). ``bad`` when the row
+  holds a NaN or every logit is -inf; its token is then meaningless (but in range).
+- Random: s = x / T (float32, correctly rounded). The kept set is {s >= threshold}: ties
+  are kept or cut together, so a cut may keep more tokens than k.
+  - top-k: the threshold t_k is the k-th largest s (vLLM's threshold top-k).
+  - top-p, over the top-k-kept tokens: with weights w = exp(s - max s) (float32) and M the
+    float64 sum of the kept w, a token of value v is cut when the kept w of values strictly
+    above v sum (float64) to >= p x M (p read as float32). The top token always survives.
+  - the draw: the inverse CDF at u in vocabulary order over the kept w: the first index i
+    with cdf[i] > u x total (cdf: float64 running sums, total = cdf[V-1]); where u x total
+    rounds up to the total itself, the first i with cdf[i] >= it.
+  - ``bad`` when the total is not finite and positive (a NaN, +inf, or every logit -inf).
+
+The torch path sorts only rows that cut (``topk`` of the widest top-k when every cut row
+sets one), to find the thresholds; then the same inverse CDF as an uncut row. float64 sums
+are added in another order than the kernel's, so the paths can disagree only where u x
+total or p x M lands within a few ulps of a boundary.
 """
 
 from __future__ import annotations
@@ -20,6 +33,7 @@ import torch
 MASK64 = (1 << 64) - 1
 GOLDEN = 0x9E3779B97F4A7C15
 DOUBLE = float(1 << 53)
+NEG_INF = float("-inf")
 
 
 def _splitmix64(x: int) -> int:
@@ -34,35 +48,75 @@ def row_uniform(seed: int, counter: int) -> float:
     return (_splitmix64(_splitmix64(seed) ^ (counter & MASK64)) >> 11) / DOUBLE
 
 
+def greedy(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(argmax [N], bad [N]): bad where the row holds a NaN (argmax picks one) or is all -inf."""
+    tokens = logits.argmax(dim=-1)
+    top = logits.gather(1, tokens.unsqueeze(1)).squeeze(1)
+    return tokens, ~(top > NEG_INF)
+
+
+def cut_thresholds(
+    scaled: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    max_top_k: int | None = None,
+) -> torch.Tensor:
+    """The smallest kept value [N] of each row of scaled [N, V] under top_k [N] (<= 0 or
+    >= V: off) and top_p [N] float32 (1: off); -inf where nothing is cut.
+
+    max_top_k: the largest top_k, where every row sets one below V (known on the host):
+    only that many candidates are sorted (``topk``), not the whole row."""
+    vocab = scaled.shape[1]
+    width = vocab if max_top_k is None or max_top_k >= vocab else max(1, max_top_k)
+    if width < vocab:
+        ordered = scaled.topk(width, dim=-1, sorted=True).values
+    else:
+        ordered = scaled.sort(dim=-1, descending=True).values
+    k = top_k.long()
+    on = (k > 0) & (k < vocab)
+    kth = ordered.gather(1, (k.clamp(1, width) - 1).unsqueeze(1)).squeeze(1)
+    t_k = torch.where(on, kth, NEG_INF)
+    top = scaled.amax(dim=-1, keepdim=True)
+    weights = (scaled - top).exp_().masked_fill_(~(scaled >= t_k.unsqueeze(1)), 0.0)
+    need = top_p.double() * weights.sum(dim=-1, dtype=torch.float64)
+    del weights
+    ordered_w = (ordered - top).exp_().masked_fill_(~(ordered >= t_k.unsqueeze(1)), 0.0)
+    above = ordered_w.cumsum(dim=-1, dtype=torch.float64)  # kept mass up to each position
+    # The last position whose mass before it is < need (the mass before position j is
+    # above[j - 1]; before position 0 none): its value is the smallest kept one.
+    last = (above[:, :-1] < need.unsqueeze(1)).sum(dim=-1)
+    t_p = torch.where(top_p < 1.0, ordered.gather(1, last.unsqueeze(1)).squeeze(1), NEG_INF)
+    return torch.maximum(t_k, t_p)
+
+
 def top_k_top_p_mask(
     sorted_logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
 ) -> torch.Tensor:
-    """True where a token is cut, for logits sorted descending along the last dim.
-
-    top_k [N] (vocab size = off), top_p [N] (1.0 = off). The top token always survives.
-    """
-    ranks = torch.arange(sorted_logits.shape[-1], device=sorted_logits.device)
-    cut = ranks.unsqueeze(0) >= top_k.unsqueeze(1)
-    probs = torch.softmax(sorted_logits.masked_fill(cut, float("-inf")), dim=-1)
-    mass_before = probs.cumsum(dim=-1) - probs
-    cut |= mass_before >= top_p.unsqueeze(1)
-    cut[:, 0] = False
-    return cut
+    """True where a token is cut, for logits [N, V] (sorted descending or not: the cut is by
+    value); top_k [N] (V or <= 0: off), top_p [N] (1.0: off). The top token always survives."""
+    threshold = cut_thresholds(sorted_logits, top_k, top_p.float())
+    return ~(sorted_logits >= threshold.unsqueeze(1))
 
 
-def inverse_cdf(scaled: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(index [N] int64, bad [N] bool): the draw at u [N] float64 from softmax(scaled [N, V]).
+def inverse_cdf(
+    scaled: torch.Tensor, u: torch.Tensor, threshold: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(index [N] int64, bad [N] bool): the draw at u [N] float64 from exp(scaled [N, V] -
+    max), over the tokens >= threshold [N] where given (else all of them).
 
     bad marks rows with no finite distribution (NaN, or every logit -inf); their index is
-    meaningless.
-    """
-    # Unnormalised: exp(x - max) and a running sum. A row's CDF then does not depend on
-    # how many cut (-inf, so 0) columns follow it, whatever the batch's widest top-k.
+    meaningless (but in range)."""
     weights = (scaled - scaled.amax(dim=-1, keepdim=True)).exp_()
+    if threshold is not None:
+        weights.masked_fill_(~(scaled >= threshold.unsqueeze(1)), 0.0)
     cdf = weights.cumsum(dim=-1, dtype=torch.float64)
-    total = cdf[:, -1:]
-    index = torch.searchsorted(cdf, u.unsqueeze(1) * total, right=True).squeeze(1)
-    bad = ~(total.squeeze(1) > 0) | ~torch.isfinite(total.squeeze(1))  # NaN compares False
+    del weights
+    total = cdf[:, -1]
+    target = (u * total).unsqueeze(1)
+    index = torch.searchsorted(cdf, target, right=True).squeeze(1)
+    at_end = torch.searchsorted(cdf, target).squeeze(1)  # u x total rounded up to the total
+    index = torch.where(target.squeeze(1) >= total, at_end, index)
+    bad = ~(total > 0) | ~torch.isfinite(total)  # NaN compares False
     return index.clamp_(max=scaled.shape[-1] - 1), bad
 
 
@@ -75,17 +129,26 @@ def sample_rows(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(token [N], bad [N]) for logits already divided by the temperature.
 
-    top_k/top_p None: no cut, no sort. Else top_k [N] int64 (vocab = off), top_p [N], and
-    max_top_k the largest top_k (known on the host): below the vocabulary size only that
-    many candidates are taken (``topk``), not a full sort; top-p then cuts within them.
-    """
+    top_k/top_p None: no cut, no sort. Else top_k [N] int64 (vocab = off), top_p [N]
+    float32, and max_top_k as ``cut_thresholds`` takes it."""
     if top_k is None or top_p is None:
         return inverse_cdf(scaled, u)
-    vocab = scaled.shape[-1]
-    if max_top_k is not None and max_top_k < vocab:
-        sorted_logits, sorted_ids = scaled.topk(max_top_k, dim=-1, sorted=True)
-    else:
-        sorted_logits, sorted_ids = scaled.sort(dim=-1, descending=True)
-    sorted_logits.masked_fill_(top_k_top_p_mask(sorted_logits, top_k, top_p), float("-inf"))
-    index, bad = inverse_cdf(sorted_logits, u)
-    return sorted_ids.gather(1, index.unsqueeze(1)).squeeze(1), bad
+    return inverse_cdf(scaled, u, cut_thresholds(scaled, top_k, top_p, max_top_k))
+
+
+def sample(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    u: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(tokens [N], bad [N]) for every row at once, with per-row tensors as the Triton
+    kernel takes them (temperature 0: greedy): the reference it is held to. Every row is
+    sorted; the sampler's torch path sorts only the rows that cut."""
+    t = temperature.float()
+    is_random = t > 0
+    scaled = logits.float() / torch.where(is_random, t, 1.0).unsqueeze(1)
+    picked, failed = sample_rows(scaled, u.double(), top_k.long(), top_p.float())
+    tokens, bad = greedy(logits.float())
+    return torch.where(is_random, picked, tokens), torch.where(is_random, failed, bad)

@@ -22,12 +22,17 @@ top-2 margin where the tokens first differ: bf16 near-ties on random weights); d
 time at batch 1/16/64 and context 512/4096 with CUDA graphs and eager (first step and steady
 median, host time, compiled variants added), the batch-1 step against its weight-read time
 at the measured copy bandwidth; a profiler split of a steady decode step (device busy vs
-wall: the GPU's idle share); prefill tokens/s at 1k and 8k; sampler cost at temperature 0
-and 1; decode-attention bandwidth against a measured device copy. On CPU (--smoke) the graph
-path runs eagerly (padded static buffers), and the profiler split is skipped. For the first
+wall: the GPU's idle share); prefill tokens/s at 1k and 8k; sampler cost at batch 64 and
+256 for greedy, temperature 1 and top-k + top-p rows on the Triton kernel and the torch path,
+and whether their tokens agree; decode-attention bandwidth against a measured device copy.
+On CPU (--smoke) the graph path runs eagerly (padded static buffers), and the profiler split
+is skipped. For the first
 shape: the engine loop at a steady decode batch of 1, 64 and 256, overlapped and serial,
 output tok/s and the GPU's busy share from a device-only trace, and prefill at 1k tokens
-against the measured bf16 matmul peak (scripts/gpu_engine_loop.py); the engine at
+against the measured bf16 matmul peak (scripts/gpu_engine_loop.py); steps carrying a
+prefill chunk beside decode rows, their layers replayed as CUDA graphs in pieces around
+attention and run eagerly (time, logits and greedy tokens both ways: scripts/gpu_mixed.py);
+the engine at
 tensor_parallel_size 1 through the distributed path (NCCL; gloo on CPU) against the plain
 one: greedy tokens and decode step time (scripts/gpu_tp.py).
 """
@@ -47,6 +52,7 @@ import torch
 from gpu_decode import copy_bandwidth, decode_steps, device_time, section, sync, timed
 from gpu_engine_loop import engine_loop, matmul_peak, prefill_share
 from gpu_greedy import greedy_match, logits_gap, stories_references
+from gpu_mixed import mixed_steps
 from gpu_tp import one_rank
 
 from tide_fleet.worker.models.random_model import SHAPES, build_random_model
@@ -71,22 +77,42 @@ def startup(model, device: torch.device) -> dict[str, Any]:  # type: ignore[no-u
         "block_size": runner.block_size,
         "cuda_graphs": runner.graph_mode,
         "graph_capture_seconds": round(runner.graphs.capture_seconds, 2) if runner.graphs else None,
+        "prefill_graph_capture_seconds": round(runner.mixed.capture_seconds, 2)
+        if runner.mixed
+        else None,
+        "prefill_graph_error": runner.mixed.error if runner.mixed else None,
     }
 
 
-def sampler_cost(vocab: int, device: torch.device, reps: int) -> dict[str, Any]:
+def sampler_cost(vocab: int, device: torch.device, smoke: bool, reps: int) -> dict[str, Any]:
+    """A sample() call at batch 64 and 256 (smoke: 4) for greedy, temperature-1 and
+    top-k 50 + top-p 0.9 rows, seeded, on the Triton kernel and the torch path (forced in
+    turn): median ms each, and whether the two picked the same tokens (rows that differ)."""
     from tide_fleet.infra.contract.sampling_params import SamplingParams
+    from tide_fleet.kernels import dispatch
     from tide_fleet.worker.engine.request import Request
     from tide_fleet.worker.engine.sampler import Sampler
 
-    sampler, out = Sampler(device, seed=0), {}
-    logits = torch.randn(64, vocab, device=device)
-    for t in (0.0, 1.0):
-        reqs = [Request(f"r{i}", [1], SamplingParams(temperature=t)) for i in range(64)]
-        sampler.sample(logits.clone(), reqs)
-        times = [timed(lambda r=reqs: sampler.sample(logits.clone(), r), device)
-                 for _ in range(reps)]  # fmt: skip
-        out[f"b64_t{t:g}_ms"] = round(statistics.median(times) * 1e3, 3)
+    kinds = {"greedy": dict(temperature=0.0), "t1": dict(temperature=1.0),
+             "topk_topp": dict(temperature=1.0, top_k=50, top_p=0.9)}  # fmt: skip
+    out: dict[str, Any] = {}
+    for n in (4,) if smoke else (64, 256):
+        logits = torch.randn(n, vocab, device=device)
+        for kind, options in kinds.items():
+            reqs = [Request(f"r{i}", [1], SamplingParams(seed=i, **options)) for i in range(n)]
+            picked = {}
+            for impl in ("triton", "torch"):
+                dispatch.force("sampling", impl, "gpu_check")
+                try:
+                    sampler = Sampler(device)
+                    picked[impl] = sampler.sample(logits.clone(), reqs).token_ids
+                    call = lambda s=sampler, r=reqs, x=logits: s.sample(x.clone(), r)  # noqa: E731
+                    times = [timed(call, device) for _ in range(reps)]
+                finally:
+                    dispatch.force("sampling", None, "gpu_check")
+                out[f"b{n}_{kind}_{impl}_ms"] = round(statistics.median(times) * 1e3, 3)
+            differ = sum(a != b for a, b in zip(picked["triton"], picked["torch"], strict=True))
+            out[f"b{n}_{kind}_equal"], out[f"b{n}_{kind}_rows_differ"] = differ == 0, differ
     return out
 
 
@@ -152,13 +178,14 @@ def run(smoke: bool, out: Path | None = None, stories: Path | None = None) -> di
         step(entry, "greedy_triton_vs_torch", lambda m=model: greedy_match(m, smoke))
         step(entry, "logits_triton_vs_torch", lambda m=model: logits_gap(m, smoke))
         step(entry, "decode", lambda m=model: decode_steps(m, device, plan, copy_gb_s))
-        step(entry, "sampler", lambda m=model: sampler_cost(m.config.vocab_size, device,
+        step(entry, "sampler", lambda m=model: sampler_cost(m.config.vocab_size, device, smoke,
                                                                 plan["reps"]))  # fmt: skip
         if shape in ("tiny", "llama3-8b"):
             step(entry, "engine_loop", lambda m=model: engine_loop(m, device, smoke))
             n = min(plan["prefills"])
             step(entry, f"prefill_{n}_of_matmul_peak", lambda m=model, e=entry, n=n:
                  prefill_share(m, e.get("decode", {}), peak, n))  # fmt: skip
+            step(entry, "mixed_steps", lambda m=model: mixed_steps(m, device, smoke))
             step(entry, "tensor_parallel_one_rank", lambda m=model: one_rank(m, device, smoke))
         del model
         if device.type == "cuda":

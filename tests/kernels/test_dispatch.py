@@ -128,6 +128,17 @@ def test_the_attention_backend_forces_the_three_attention_ops(monkeypatch):
     assert dispatch.impl("prefill_attention", CPU) == "torch"
 
 
+def test_sampling_takes_triton_on_cuda_and_may_be_forced_either_way(monkeypatch):
+    assert dispatch.TABLE["sampling"]["cuda"].impl == "triton"
+    assert dispatch.accepted("sampling", "cuda") == ("triton", "torch")
+    for cls in dispatch.CLASSES[1:]:
+        assert dispatch.accepted("sampling", cls) == ("torch", "triton")  # triton: interpreted
+    force(monkeypatch, "sampling=triton")
+    row = dispatch.describe(CPU)["sampling"]
+    assert (dispatch.impl("sampling", CPU), row.impl, row.source) == ("triton", "triton", "forced")
+    assert dispatch.impl("sampling", "meta") == "torch"
+
+
 def test_other_devices_take_the_torch_reference():
     assert dispatch.impl("gemm", "meta") == "torch"
     assert dispatch.impl("gemv", torch.device("meta")) == "gemm"

@@ -66,13 +66,19 @@ def test_the_smoke_run_measures_every_section(tmp_path, stories_path):
     # On CPU the CUDA-graph path runs its padded static-buffer steps eagerly.
     assert decode["graphs_mode"] == "eager" and decode["eager_mode"] == "off"
     assert decode["graphs_b1_c32_over_weight_read"] > 0
-    assert set(tiny["sampler"]) == {"b64_t0_ms", "b64_t1_ms"}
+    sampler = tiny["sampler"]  # the Triton kernel (interpreted) and the torch path, seeded
+    assert {f"b4_{kind}_{impl}_ms" for kind in ("greedy", "t1", "topk_topp")
+            for impl in ("triton", "torch")} < set(sampler)  # fmt: skip
+    assert all(sampler[f"b4_{kind}_equal"] for kind in ("greedy", "t1", "topk_topp")), sampler
     loop = tiny["engine_loop"]  # the whole engine loop, overlapped and serial
     assert loop["overlap_equals_serial"] is True
     for batch in ("b1", "b4"):
         row = loop[batch]
         assert row["overlap_on"]["output_tok_s"] > 0 and row["overlap_off"]["output_tok_s"] > 0
     assert tiny["prefill_64_of_matmul_peak"]["fraction_of_peak"] > 0
+    mixed = tiny["mixed_steps"]  # steps with prefill: pieces (uncaptured on CPU) and eager
+    assert mixed["pieces_chunk24_d4_ms"] > 0 and mixed["eager_chunk24_d4_ms"] > 0
+    assert mixed["chunk40_d2_argmax_equal"] == 1.0 and mixed["greedy"]["equal"] is True
     assert report["matmul_peak_tflop_s"] > 0
     one_rank = tiny["tensor_parallel_one_rank"]  # gloo on CPU, NCCL on a GPU
     assert one_rank["backend"] == "gloo" and one_rank["greedy_equal"] is True, one_rank

@@ -1,11 +1,14 @@
 """Turn a step's logits into next tokens: logits processing, then greedy, temperature,
 top-k, top-p, with per-request seeds.
 
-Sampling is batched (``kernels/sampling.py``): one host-to-device copy of the rows'
-options per step (pinned and non-blocking on CUDA), one inverse-CDF draw for all random
-rows, a sort only for rows that ask for top-k or top-p, and one read of the step's tokens
-back to the host. A seeded request's draw is a pure function of its seed and how many
-tokens it has produced, so it does not depend on the batch (nor on preemption).
+Sampling is batched, with the semantics of ``kernels/sampling.py``: one host-to-device copy
+of the rows' options per step (pinned and non-blocking on CUDA), then either one Triton
+launch for every row (``kernels/triton_sampling.py``, where the kernel table names triton
+for the op ``sampling``: the CUDA default) or the torch path (an argmax, one inverse-CDF
+draw for the random rows, a sort only for rows that ask for top-k or top-p), and one read
+of the step's tokens back to the host. A seeded request's draw is a pure function of its
+seed and how many tokens it has produced, so it does not depend on the batch (nor on
+preemption); unseeded rows take the host generator's draws in row order on either path.
 
 Order per row (only rows that set an option are touched, so plain greedy rows stay
 bit-identical): raw logprobs are read first; then logit_bias, min_tokens, penalties
@@ -21,7 +24,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from tide_fleet.kernels.sampling import row_uniform, sample_rows, top_k_top_p_mask
+from tide_fleet.kernels import dispatch
+from tide_fleet.kernels.sampling import greedy, row_uniform, sample_rows, top_k_top_p_mask
 from tide_fleet.worker.engine.logits_processors import (
     apply_logit_bias,
     apply_penalties,
@@ -37,7 +41,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Sampler", "SamplerOutput", "profile_sampling", "top_k_top_p_mask"]
 
-# Rows of the per-step option block, one column per random row (float64: exact for ints).
+# Rows of the per-step option block, one column per sampled row (float64: exact for ints).
 ROW, TEMP, TOP_K, TOP_P, UNIFORM = range(5)
 
 
@@ -145,35 +149,36 @@ class Sampler:
     @torch.inference_mode()
     def sample_on_device(
         self, logits: torch.Tensor, requests: Sequence[Request]
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """One token per row, left on the device with no host read: (tokens, failed rows
-        or None when every row is greedy). For rows with no logits processing, logprobs or
-        grammar (worker/engine/overlap.py)."""
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One token per row, left on the device with no host read: (tokens, failed rows).
+        For rows with no logits processing, logprobs or grammar (worker/engine/overlap.py)."""
         return self._choose_tensors(logits, requests)
 
     def _choose(self, logits: torch.Tensor, requests: Sequence[Request]) -> list[int | Exception]:
         tokens, bad = self._choose_tensors(logits, requests)
-        if bad is None:
-            return list(tokens.tolist())
         out: list[int | Exception] = []
-        for token, failed in zip(*torch.stack([tokens, bad]).tolist(), strict=True):
+        for token, failed in zip(*torch.stack([tokens, bad.long()]).tolist(), strict=True):
             out.append(NoTokenToSample(NO_TOKEN) if failed else token)
         return out
 
     def _choose_tensors(
         self, logits: torch.Tensor, requests: Sequence[Request]
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         vocab = logits.shape[-1]
-        tokens = logits.argmax(dim=-1)
+        if dispatch.impl("sampling", logits.device) == "triton":
+            from tide_fleet.kernels import triton_sampling  # triton: not every install has it
+
+            o = self._options(vocab, requests, list(range(len(requests))))  # greedy: T = 0
+            return triton_sampling.sample(logits, o[TEMP], o[TOP_K], o[TOP_P], o[UNIFORM])
+        tokens, bad = greedy(logits)
         random_rows = [i for i, r in enumerate(requests) if not r.params.is_greedy]
         if not random_rows:
-            return tokens, None
+            return tokens, bad
         # Rows without top-k/top-p first: each kind is then one slice of the option block.
         plain = [i for i in random_rows if not _cuts(requests[i], vocab)]
         cut = [i for i in random_rows if _cuts(requests[i], vocab)]
         opts = self._options(vocab, requests, plain + cut)
         max_k = max((_top_k(requests[i], vocab) for i in cut), default=vocab)
-        bad = torch.zeros_like(tokens)
         for o, filtered in ((opts[:, : len(plain)], False), (opts[:, len(plain) :], True)):
             if o.shape[1] == 0:
                 continue
@@ -182,28 +187,34 @@ class Sampler:
             top_k, top_p = (o[TOP_K].long(), o[TOP_P].float()) if filtered else (None, None)
             picked, failed = sample_rows(scaled, o[UNIFORM], top_k, top_p, max_k)
             tokens[rows] = picked
-            bad[rows] = failed.long()
+            bad[rows] = failed
         return tokens, bad
 
-    def _options(
-        self, vocab: int, requests: Sequence[Request], random_rows: list[int]
-    ) -> torch.Tensor:
-        """[5, n] float64 on the device: row, temperature, top_k, top_p, uniform."""
-        n = len(random_rows)
+    def _options(self, vocab: int, requests: Sequence[Request], columns: list[int]) -> torch.Tensor:
+        """[5, n] float64 on the device, a column per row in ``columns``: row, temperature
+        (0 for a greedy row), top_k (vocab: off), top_p, uniform. Unseeded rows take the host
+        generator's draws in row order, whatever the columns' order."""
+        n = len(columns)
+        uniform = {i: self._uniform(requests[i]) for i in sorted(columns)}
         host = self._host_buffer(5 * n)
         block = host.numpy()[: 5 * n].reshape(5, n)
-        for j, i in enumerate(random_rows):
-            r = requests[i]
-            p = r.params
-            seed = p.seed if p.seed is not None else self._rng.getrandbits(63)
-            # (a token sampled but not read yet counts: the draw is the serial loop's)
-            count = r.num_output_tokens + r.pending if p.seed is not None else 0
-            top_k = _top_k(r, vocab)
-            block[:, j] = (i, p.temperature, top_k, p.top_p, row_uniform(seed, count))
+        for j, i in enumerate(columns):
+            p = requests[i].params
+            temperature = 0.0 if p.is_greedy else p.temperature
+            block[:, j] = (i, temperature, _top_k(requests[i], vocab), p.top_p, uniform[i])
         view = host[: 5 * n].view(5, n)
         if self.device.type == "cpu":
             return view.clone()  # the buffer is reused by the next step
         return view.to(self.device, non_blocking=True)  # done before the step's .tolist()
+
+    def _uniform(self, request: Request) -> float:
+        p = request.params
+        if p.is_greedy:
+            return 0.0
+        seed = p.seed if p.seed is not None else self._rng.getrandbits(63)
+        # (a token sampled but not read yet counts: the draw is the serial loop's)
+        count = request.num_output_tokens + request.pending if p.seed is not None else 0
+        return row_uniform(seed, count)
 
     def _host_buffer(self, size: int) -> torch.Tensor:
         self._turn ^= 1
@@ -226,13 +237,20 @@ def _cuts(request: Request, vocab: int) -> bool:
 
 
 def profile_sampling(logits: torch.Tensor) -> torch.Tensor:
-    """The sampler's most memory-hungry path (every row random with top-k and top-p, so
-    sorted) on logits [N, vocab], on any device; for the model runner's profiling run."""
+    """The sampler's most memory-hungry path on logits [N, vocab], on any device, for the
+    model runner's profiling run: the torch path with every row random, top-k and top-p
+    (sorted). Where the table names triton here, its kernel is launched too (compiled
+    before serving; it needs no memory beyond its outputs)."""
     n, vocab = logits.shape
     dev = logits.device
     u = torch.full((n,), 0.5, dtype=torch.float64, device=dev)
     top_k = torch.full((n,), max(1, vocab // 2), dtype=torch.long, device=dev)
     top_p = torch.full((n,), 0.9, device=dev)
-    greedy = logits.argmax(dim=-1)
+    greedy_tokens, _ = greedy(logits)
     picked, _ = sample_rows(logits / 0.7, u, top_k, top_p)
-    return torch.where(picked >= 0, picked, greedy)
+    if dispatch.impl("sampling", dev) == "triton":
+        from tide_fleet.kernels import triton_sampling
+
+        temperature = torch.full((n,), 0.7, device=dev)
+        picked, _ = triton_sampling.sample(logits, temperature, top_k, top_p, u)
+    return torch.where(picked >= 0, picked, greedy_tokens)
