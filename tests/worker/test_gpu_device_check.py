@@ -34,11 +34,11 @@ def checked_attention(monkeypatch):
         check_devices("write_kv_cache", dict(key=key, value=value, k_cache=k_cache,
                       v_cache=v_cache, slot_mapping=slot_mapping))  # fmt: skip
 
-    def paged_attention(query, key, value, k_cache, v_cache, meta, scale):  # type: ignore[no-untyped-def]
+    def paged_attention(query, key, value, k_cache, v_cache, meta, scale, out=None):  # type: ignore[no-untyped-def]
         check_devices("paged_attention", {"query": query, "k_cache": k_cache, **meta.tensors()})
         decodes = sum(g.rows.stop - g.rows.start for g in meta.decode_groups)
         steps.append((query.shape[0], decodes, [c.rows.stop - c.rows.start for c in meta.prefills]))
-        return torch.empty_like(query)
+        return torch.empty_like(query) if out is None else out
 
     monkeypatch.setattr(llama, "write_kv_cache", write_kv_cache)
     monkeypatch.setattr(llama, "paged_attention", paged_attention)

@@ -51,7 +51,8 @@ def test_serving_commands_take_every_engine_flag(command):
         "dtype": None, "device": "auto", "kv_cache_memory": None,
         "gpu_memory_utilization": 0.9, "max_num_seqs": 64,
         "max_num_batched_tokens": 1024, "attention_backend": "auto", "cuda_graphs": "auto",
-        "overlap_schedule": "auto", "enable_prefix_caching": True, "batching": "continuous",
+        "mixed_graph_tokens": 512, "overlap_schedule": "auto", "enable_prefix_caching": True,
+        "batching": "continuous",
         "tensor_parallel_size": 1,
         "max_loras": 4, "max_cpu_loras": None, "max_lora_rank": None,
     }  # fmt: skip
@@ -69,7 +70,8 @@ def test_default_worker_argv_is_what_tide_up_always_passed():
     assert argv == [
         "--device", "auto", "--gpu-memory-utilization", "0.9", "--max-num-seqs", "64",
         "--max-num-batched-tokens", "1024", "--attention-backend", "auto",
-        "--cuda-graphs", "auto", "--overlap-schedule", "auto", "--batching", "continuous",
+        "--cuda-graphs", "auto", "--mixed-graph-tokens", "512", "--overlap-schedule", "auto",
+        "--batching", "continuous",
         "--tensor-parallel-size", "1",
         "--max-loras", "4",
     ]  # fmt: skip
