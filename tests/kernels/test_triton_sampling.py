@@ -224,7 +224,7 @@ def test_the_torch_path_follows_the_plain_reference(vocab, seed, steps, t, k, p,
     assert token.item() == plain_sample(x[0], t, k, p, u)
 
 
-def test_the_old_sorted_row_mask_keeps_its_answers():
+def test_the_row_mask_cuts_by_value_and_keeps_ties_together():
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]] * 3))
     cut = sampling.top_k_top_p_mask(logits, torch.tensor([2, 4, 4]), torch.tensor([1.0, 0.7, 0.81]))
     assert cut.tolist() == [[False, False, True, True], [False, False, True, True],

@@ -25,7 +25,14 @@ from typing import TYPE_CHECKING
 import torch
 
 from tide_fleet.kernels import dispatch
-from tide_fleet.kernels.sampling import greedy, row_uniform, sample_rows, top_k_top_p_mask
+from tide_fleet.kernels.sampling import (
+    cut_thresholds,
+    greedy,
+    inverse_cdf,
+    row_uniform,
+    sample_rows,
+    top_k_top_p_mask,
+)
 from tide_fleet.worker.engine.logits_processors import (
     apply_logit_bias,
     apply_penalties,
@@ -247,7 +254,8 @@ def profile_sampling(logits: torch.Tensor) -> torch.Tensor:
     top_k = torch.full((n,), max(1, vocab // 2), dtype=torch.long, device=dev)
     top_p = torch.full((n,), 0.9, device=dev)
     greedy_tokens, _ = greedy(logits)
-    picked, _ = sample_rows(logits / 0.7, u, top_k, top_p)
+    scaled = logits / 0.7  # every row's whole row sorted: the path's largest tensors
+    picked, _ = inverse_cdf(scaled, u, cut_thresholds(scaled, top_k, top_p))
     if dispatch.impl("sampling", dev) == "triton":
         from tide_fleet.kernels import triton_sampling
 
