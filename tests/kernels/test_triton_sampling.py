@@ -146,7 +146,7 @@ def test_a_mixed_batch_of_every_kind():
     rows(x, opts, block=None)
 
 
-@settings(max_examples=15, deadline=None, derandomize=True,
+@settings(max_examples=8, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow])  # fmt: skip
 @given(
     vocab=st.sampled_from([50, 61, 128, 300, 1001]),
