@@ -5,7 +5,8 @@ Sampling is batched, with the semantics of ``kernels/sampling.py``: one host-to-
 of the rows' options per step (pinned and non-blocking on CUDA), then either one Triton
 launch for every row (``kernels/triton_sampling.py``, where the kernel table names triton
 for the op ``sampling``: the CUDA default) or the torch path (an argmax, one inverse-CDF
-draw for the random rows, a sort only for rows that ask for top-k or top-p), and one read
+draw for the random rows; a row that asks for top-k or top-p drawn among its top
+candidates where they hold every token it keeps, else its whole row sorted), and one read
 of the step's tokens back to the host. A seeded request's draw is a pure function of its
 seed and how many tokens it has produced, so it does not depend on the batch (nor on
 preemption); unseeded rows take the host generator's draws in row order on either path.
