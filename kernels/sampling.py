@@ -114,15 +114,6 @@ def _thresholds(
     return torch.maximum(t_k, t_p)
 
 
-def top_k_top_p_mask(
-    sorted_logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
-) -> torch.Tensor:
-    """True where a token is cut, for logits [N, V] (sorted descending or not: the cut is by
-    value); top_k [N] (V or <= 0: off), top_p [N] (1.0: off). The top token always survives."""
-    threshold = cut_thresholds(sorted_logits, top_k, top_p.float())
-    return ~(sorted_logits >= threshold.unsqueeze(1))
-
-
 def inverse_cdf(
     scaled: torch.Tensor, u: torch.Tensor, threshold: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -200,21 +191,3 @@ def _among_candidates(
     order = ids.argsort(dim=-1)  # the candidates in vocabulary order
     index, bad = inverse_cdf(values.gather(1, order), u, threshold)
     return inside, (ids.gather(1, order).gather(1, index.unsqueeze(1)).squeeze(1), bad)
-
-
-def sample(
-    logits: torch.Tensor,
-    temperature: torch.Tensor,
-    top_k: torch.Tensor,
-    top_p: torch.Tensor,
-    u: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(tokens [N], bad [N]) for every row at once, with per-row tensors as the Triton
-    kernel takes them (temperature 0: greedy): the reference it is held to. Every row is
-    sorted; the sampler's torch path sorts only the rows that cut."""
-    t = temperature.float()
-    is_random = t > 0
-    scaled = logits.float() / torch.where(is_random, t, 1.0).unsqueeze(1)
-    picked, failed = sample_rows(scaled, u.double(), top_k.long(), top_p.float())
-    tokens, bad = greedy(logits.float())
-    return torch.where(is_random, picked, tokens), torch.where(is_random, failed, bad)

@@ -37,6 +37,20 @@ NAN, INF = float("nan"), float("inf")
 LAST_U = 1.0 - 2.0**-53  # the largest row_uniform
 
 
+def torch_sample(
+    logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+    u: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """The torch path over every row at once, with per-row tensors as the kernel takes them
+    (temperature 0: greedy): the reference the kernel is held to."""
+    t = temperature.float()
+    is_random = t > 0
+    scaled = logits.float() / torch.where(is_random, t, 1.0).unsqueeze(1)
+    picked, failed = sampling.sample_rows(scaled, u.double(), top_k.long(), top_p.float())
+    tokens, bad = sampling.greedy(logits.float())
+    return torch.where(is_random, picked, tokens), torch.where(is_random, failed, bad)
+
+
 def kernel():  # type: ignore[no-untyped-def]
     from tide_fleet.kernels import triton_sampling
 
@@ -50,7 +64,7 @@ def rows(
     equal tokens where not bad, every token in range. Returns the tokens and bad."""
     t, k, p, u = (torch.tensor(c) for c in zip(*opts, strict=True))
     t, k, p, u = t.float(), k.long(), p.float(), u.double()
-    want, want_bad = sampling.sample(logits, t, k, p, u)
+    want, want_bad = torch_sample(logits, t, k, p, u)
     args = (logits.to(DEVICE), t.to(DEVICE), k.to(DEVICE), p.to(DEVICE), u.to(DEVICE))
     got, got_bad = (x.cpu() for x in kernel().sample(*args, block=block))
     assert got.dtype == torch.long and got_bad.dtype == torch.bool
@@ -219,20 +233,15 @@ def test_the_torch_path_follows_the_plain_reference(vocab, seed, steps, t, k, p,
     if steps:
         x = torch.round(x * steps) / steps
     args = (torch.tensor([t]), torch.tensor([k]), torch.tensor([p]), torch.tensor([u]))
-    token, bad = sampling.sample(x, *args)
+    token, bad = torch_sample(x, *args)
     assert not bad.item()
     assert token.item() == plain_sample(x[0], t, k, p, u)
 
 
-def test_the_row_mask_cuts_by_value_and_keeps_ties_together():
-    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]] * 3))
-    cut = sampling.top_k_top_p_mask(logits, torch.tensor([2, 4, 4]), torch.tensor([1.0, 0.7, 0.81]))
-    assert cut.tolist() == [[False, False, True, True], [False, False, True, True],
-                            [False, False, False, True]]  # fmt: skip
+def test_a_top_k_threshold_keeps_ties_together():
     tied = torch.tensor([[3.0, 1.0, 3.0, 1.0, 0.0]])
-    assert sampling.top_k_top_p_mask(tied, torch.tensor([1]), torch.tensor([1.0])).tolist() == [
-        [False, True, False, True, True]
-    ]
+    threshold = sampling.cut_thresholds(tied, torch.tensor([1]), torch.tensor([1.0]))
+    assert threshold.tolist() == [3.0]  # both 3.0s kept at top-k 1
 
 
 # ---------------------------------------------------------------- sampler and engine on triton

@@ -133,13 +133,20 @@ def test_the_cuda_kernels_in_pieces_keep_the_tokens(tiny_path, forced, mixed_ste
 
 
 @needs_cpp
-def test_a_capture_that_fails_leaves_those_steps_eager(tiny_path, caplog, mixed_steps):
-    # Capturing needs CUDA: on CPU it fails, as it could on a GPU for a reason of its own.
+def test_a_capture_that_fails_leaves_those_steps_eager(
+    tiny_path, caplog, mixed_steps, monkeypatch
+):  # fmt: skip
     engine = make_engine(tiny_path, cuda_graphs="eager", num_kv_blocks=16)
     runner = engine.runner
+
+    def fails(self: MixedGraphs) -> None:
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(MixedGraphs, "_capture", fails)
     with caplog.at_level("WARNING"):
         pieces = MixedGraphs(runner.model, runner.kv_caches, runner.builder, 32, capture=True)
-    assert pieces.error and "could not be captured" in caplog.text
+    assert pieces.error == "RuntimeError: operation not permitted when stream is capturing"
+    assert "could not be captured" in caplog.text
     step = [ScheduledRequest("a", list(range(5, 22)), 0, [2, 3], True)]
     assert not pieces.fits(step) and not pieces.graphs
     runner.mixed = pieces

@@ -6,9 +6,14 @@ import torch
 
 from tests.conftest import make_engine
 from tide_fleet.infra.contract.tokenizer import Tokenizer
+from tide_fleet.kernels.sampling import cut_thresholds
 from tide_fleet.worker.engine import SamplingParams
 from tide_fleet.worker.engine.detokenizer import IncrementalDetokenizer
-from tide_fleet.worker.engine.sampler import top_k_top_p_mask
+
+
+def top_k_top_p_mask(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor):
+    """True where a token is cut."""
+    return ~(logits >= cut_thresholds(logits, top_k, top_p.float()).unsqueeze(1))
 
 
 def test_top_k_top_p_mask():

@@ -32,7 +32,6 @@ from tide_fleet.kernels.sampling import (
     inverse_cdf,
     row_uniform,
     sample_rows,
-    top_k_top_p_mask,
 )
 from tide_fleet.worker.engine.logits_processors import (
     apply_logit_bias,
@@ -47,7 +46,7 @@ from tide_fleet.worker.engine.request import Request, TokenLogprob
 if TYPE_CHECKING:
     from tide_fleet.worker.engine.grammar import GrammarMasks
 
-__all__ = ["Sampler", "SamplerOutput", "profile_sampling", "top_k_top_p_mask"]
+__all__ = ["Sampler", "SamplerOutput", "profile_sampling"]
 
 # Rows of the per-step option block, one column per sampled row (float64: exact for ints).
 ROW, TEMP, TOP_K, TOP_P, UNIFORM = range(5)

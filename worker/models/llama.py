@@ -96,7 +96,7 @@ class LlamaModel(NativeSteps):
         n = input_ids.shape[0]
         hidden = self.embed_tokens(input_ids)
         delta: torch.Tensor | None = None
-        for i, (k_cache, v_cache) in enumerate(kv_caches):
+        for i, (k_cache, v_cache) in zip(range(len(self.layers)), kv_caches, strict=True):
             qkv = self.attention_in(i, hidden, delta, positions, k_cache, v_cache,
                                     meta.slot_mapping, glue, lora)  # fmt: skip
             attn = self.attend(qkv, n, k_cache, v_cache, meta)
