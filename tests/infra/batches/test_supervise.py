@@ -97,6 +97,21 @@ def test_a_batch_past_its_window_expires(world, sent):
     )
 
 
+def test_a_batch_whose_jobs_expired_on_their_own_ends_expired(world, sent):
+    """The jobs carry the window as their deadline: past it, workers and the reaper end
+    them as expired, which can be before the supervisor's pass sees the window pass."""
+    batch_id = _started(world, 3)
+    first, _, _ = world.job_ids(batch_id)
+    world.finish(first)
+    expires_at = float(world.h.batches.get(batch_id)["expires_at"])
+    assert len(world.h.jobs.expire_due(now=expires_at + 1)) == 2
+    supervise_batches(now=expires_at + 1)  # every line is terminal already
+    batch = world.h.batches.get(batch_id)
+    assert (batch["status"], batch["final_status"]) == ("finalizing", "expired")
+    assert (batch["completed"], batch["failed"]) == ("1", "2")
+    assert finalize_batch(batch_id) == "expired"
+
+
 def test_lost_tasks_are_sent_again(world, sent):
     waiting = world.new_batch(line("a", OK), validate_sent_at=1000.0)
     supervise_batches(now=1030.0)
