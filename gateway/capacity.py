@@ -16,7 +16,7 @@ from tide_fleet.gateway.deps import GatewayState
 from tide_fleet.gateway.errors import ApiError
 from tide_fleet.gateway.served import served_catalog
 from tide_fleet.infra.wire.heartbeats import read_heartbeats_async
-from tide_fleet.infra.wire.jobstore import NewJob
+from tide_fleet.infra.wire.new_job import NewJob
 
 CACHE_SECONDS = 1.0
 RETRY_AFTER = "5"

@@ -20,7 +20,7 @@ from tide_fleet.infra.jobs.schemas import JobCreate
 from tide_fleet.infra.jobs.submission import ModelInfo, SubmissionError, build_job, limit_error
 from tide_fleet.infra.jobs.targets import Target
 from tide_fleet.infra.jobs.webhooks import UnsafeWebhookTarget, check_target
-from tide_fleet.infra.wire.jobstore import LimitExceeded, NewJob
+from tide_fleet.infra.wire.new_job import LimitExceeded, NewJob
 from tide_fleet.infra.wire.protocol import Priority
 
 # Below this many characters a request is prepared on the event loop: tokenising it takes

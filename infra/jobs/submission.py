@@ -26,8 +26,8 @@ from tide_fleet.infra.jobs.request_checks import check_sampling, check_token_ids
 from tide_fleet.infra.jobs.schemas import JobCreate
 from tide_fleet.infra.settings import Settings
 from tide_fleet.infra.wire import queues
-from tide_fleet.infra.wire.jobstore import NewJob, new_job_id
 from tide_fleet.infra.wire.models import ServedModel
+from tide_fleet.infra.wire.new_job import NewJob, new_job_id
 from tide_fleet.infra.wire.protocol import (
     JobMessage,
     JobStatus,

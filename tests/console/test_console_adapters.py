@@ -12,7 +12,8 @@ from tide_fleet.gateway.console.worker_stats import parse_metrics
 from tide_fleet.infra.wire import queues
 from tide_fleet.infra.wire.adapters import ADAPTERS_KEY, AdapterRef
 from tide_fleet.infra.wire.heartbeats import Heartbeat
-from tide_fleet.infra.wire.jobstore import JobStore, NewJob
+from tide_fleet.infra.wire.jobstore import JobStore
+from tide_fleet.infra.wire.new_job import NewJob
 from tide_fleet.infra.wire.protocol import JobMessage, Keys, queue_name
 
 

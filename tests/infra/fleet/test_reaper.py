@@ -14,7 +14,8 @@ from tests.conftest import wait_for
 from tide_fleet.infra.fleet.reaper import OutageGrace, Reaper
 from tide_fleet.infra.fleet.redis_server import EmbeddedRedis, free_port
 from tide_fleet.infra.settings import Settings
-from tide_fleet.infra.wire.jobstore import JobStore, NewJob
+from tide_fleet.infra.wire.jobstore import JobStore
+from tide_fleet.infra.wire.new_job import NewJob
 from tide_fleet.infra.wire.protocol import JobStatus, Keys
 
 

@@ -8,7 +8,8 @@ import time
 
 from tide_fleet.infra.wire import queues
 from tide_fleet.infra.wire.backlog import adapter_backlog, read_backlog
-from tide_fleet.infra.wire.jobstore import JobStore, NewJob
+from tide_fleet.infra.wire.jobstore import JobStore
+from tide_fleet.infra.wire.new_job import NewJob
 from tide_fleet.infra.wire.protocol import JobMessage, backlog_field, queue_name
 
 Q, QB = queue_name("short", "interactive"), queue_name("short", "batch")

@@ -9,7 +9,8 @@ import time
 import redis
 
 from tide_fleet.infra.wire.codec import decode_hash
-from tide_fleet.infra.wire.jobstore import JobStore, NewJob
+from tide_fleet.infra.wire.jobstore import JobStore
+from tide_fleet.infra.wire.new_job import NewJob
 from tide_fleet.infra.wire.protocol import JobStatus, Keys
 
 LATER = 5.0  # seconds past every lease these tests take (1 s)

@@ -9,7 +9,8 @@ from tide_fleet.infra.fleet.reaper import OutageGrace, Reaper
 from tide_fleet.infra.settings import Settings
 from tide_fleet.infra.wire import queues
 from tide_fleet.infra.wire.backlog import deadline_backlog, read_backlog
-from tide_fleet.infra.wire.jobstore import JobStore, NewJob
+from tide_fleet.infra.wire.jobstore import JobStore
+from tide_fleet.infra.wire.new_job import NewJob
 from tide_fleet.infra.wire.protocol import JobMessage, Keys, queue_name
 
 Q, QB = queue_name("short", "interactive"), queue_name("short", "batch")

@@ -6,7 +6,8 @@ from __future__ import annotations
 import time
 
 from tide_fleet.infra.wire import queues
-from tide_fleet.infra.wire.jobstore import JobStore, NewJob
+from tide_fleet.infra.wire.jobstore import JobStore
+from tide_fleet.infra.wire.new_job import NewJob
 from tide_fleet.infra.wire.protocol import JobMessage, Keys, queue_name
 
 Q, QB = queue_name("short", "interactive"), queue_name("short", "batch")

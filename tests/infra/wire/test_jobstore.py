@@ -7,7 +7,8 @@ import time
 
 from tide_fleet.infra.wire import queues
 from tide_fleet.infra.wire.backlog import read_backlog
-from tide_fleet.infra.wire.jobstore import JobStore, NewJob
+from tide_fleet.infra.wire.jobstore import JobStore
+from tide_fleet.infra.wire.new_job import NewJob
 from tide_fleet.infra.wire.protocol import JobMessage, JobStatus, Keys
 from tide_fleet.infra.wire.queues import Taker
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import time
 
 from tide_fleet.infra.wire.job_scripts import RECENT_JOBS_PER_TENANT, RECENT_JOBS_SLACK
-from tide_fleet.infra.wire.jobstore import JobStore, NewJob
+from tide_fleet.infra.wire.jobstore import JobStore
+from tide_fleet.infra.wire.new_job import NewJob
 from tide_fleet.infra.wire.protocol import Keys
 
 BIG = 10**6  # limits (tenant, queue, rate) out of the way
