@@ -88,15 +88,15 @@ def supervise_batches(now: float | None = None) -> None:
             terminal = sum(1 for s in states if s == "error" or JobStatus(s).is_terminal)
         batches.update(batch_id, completed=completed, failed=terminal - completed)
         if terminal == total and status in ("in_progress", "cancelling"):
+            # A cancel ends the batch cancelled even when its last line had ended first.
             # Lines carry the window as their deadline: ended by it, they make the batch
             # expired even when no pass saw the window pass first.
             final = {}
-            if (
-                status == "in_progress"
-                and not batch.get("final_status")
-                and JobStatus.EXPIRED in (states or _line_states(batches, batch_id, total))
-            ):
-                final = {"final_status": "expired"}
+            if not batch.get("final_status"):
+                if status == "cancelling":
+                    final = {"final_status": "cancelled"}
+                elif JobStatus.EXPIRED in (states or _line_states(batches, batch_id, total)):
+                    final = {"final_status": "expired"}
             moved = batches.transition(
                 batch_id, [status], status="finalizing", finalizing_at=now,
                 finalize_sent_at=now, **final,

@@ -112,6 +112,17 @@ def test_a_batch_whose_jobs_expired_on_their_own_ends_expired(world, sent):
     assert finalize_batch(batch_id) == "expired"
 
 
+def test_a_batch_cancelled_after_its_last_line_ended_ends_cancelled(world, sent):
+    batch_id = _started(world, 2)
+    for job_id in world.job_ids(batch_id):
+        world.finish(job_id)
+    world.h.batches.transition(batch_id, ["in_progress"], status="cancelling")
+    supervise_batches()
+    batch = world.h.batches.get(batch_id)
+    assert (batch["status"], batch["final_status"]) == ("finalizing", "cancelled")
+    assert finalize_batch(batch_id) == "cancelled"
+
+
 def test_lost_tasks_are_sent_again(world, sent):
     waiting = world.new_batch(line("a", OK), validate_sent_at=1000.0)
     supervise_batches(now=1030.0)
