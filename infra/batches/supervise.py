@@ -77,7 +77,6 @@ def supervise_batches(now: float | None = None) -> None:
             continue
         total = int(batch.get("total") or 0)
         counted = int(batch.get("jobs_terminal") or 0) + int(batch.get("refused") or 0)
-        states: list[str] = []
         if counted < total and now - _last_full_pass.get(batch_id, 0.0) < FULL_PASS_SECONDS:
             # The job scripts count terminal jobs: no need to read every line's status.
             completed, terminal = int(batch.get("jobs_completed") or 0), counted
@@ -95,7 +94,7 @@ def supervise_batches(now: float | None = None) -> None:
             if not batch.get("final_status"):
                 if status == "cancelling":
                     final = {"final_status": "cancelled"}
-                elif JobStatus.EXPIRED in (states or _line_states(batches, batch_id, total)):
+                elif JobStatus.EXPIRED in states:  # every line was read: terminal == total
                     final = {"final_status": "expired"}
             moved = batches.transition(
                 batch_id, [status], status="finalizing", finalizing_at=now,
