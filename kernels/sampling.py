@@ -23,10 +23,10 @@ depends only on its own logits and (seed, count), never on what else is in the b
 The torch path finds the thresholds of rows that cut among their top candidates (``topk``
 of the widest top-k plus one, or ``PROBE`` values for top-p alone) and draws among those
 alone where they hold every kept token, which a next-token distribution's top-p share
-usually is (at 64 rows of 49,152, a tenth of the whole-row sort's time:
-scripts/bench_sampling.py); a flat row or a tie past them sorts the whole row. float64 sums
-are added in another order than the kernel's, so the paths can disagree only where u x
-total or p x M lands within a few ulps of a boundary.
+usually is (top-p 0.9 over 64 peaked rows of 49,152: 4.5-7x faster than sorting whole
+rows, scripts/bench_sampling.py); a flat row or a tie past them sorts the whole row.
+float64 sums are added in another order than the kernel's, so the paths can disagree only
+where u x total or p x M lands within a few ulps of a boundary.
 """
 
 from __future__ import annotations
