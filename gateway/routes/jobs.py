@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, HTTPException, Response
+from fastapi.responses import StreamingResponse
 from sse_starlette.sse import EventSourceResponse
 
 from tide_fleet.gateway.deps import GatewayState, StateDep, TenantDep
@@ -20,6 +22,7 @@ from tide_fleet.infra.jobs.public import (
     delta_public,
     job_accepted,
     job_public_json,
+    job_public_parts,
 )
 from tide_fleet.infra.jobs.schemas import JobCreate
 
@@ -55,11 +58,27 @@ async def create_job(
     return job_accepted(record)
 
 
+# A body over this is sent in slices of it, each awaiting the socket: one large job's bytes
+# then never hold the event loop for more than a slice's write.
+SLICE = 1 << 20
+
+
 async def public_job(state: GatewayState, tenant: str, job_id: str) -> Response:
-    """The job as JSON, its stored choices passed through unparsed (a large logprobs payload
-    costs the event loop a copy: infra/jobs/public.py job_public_json)."""
-    return Response(job_public_json(*await owned_job(state, tenant, job_id)),
-                    media_type="application/json")  # fmt: skip
+    """The job as JSON, its stored choices passed through unparsed and uncopied
+    (infra/jobs/public.py job_public_parts)."""
+    parts = job_public_parts(*await owned_job(state, tenant, job_id))
+    size = sum(map(len, parts))
+    if size <= SLICE:
+        return Response(b"".join(parts), media_type="application/json")
+
+    async def slices() -> AsyncIterator[memoryview]:
+        for part in parts:
+            view = memoryview(part)
+            for at in range(0, len(view), SLICE):
+                yield view[at : at + SLICE]
+
+    return StreamingResponse(slices(), media_type="application/json",
+                             headers={"Content-Length": str(size)})  # fmt: skip
 
 
 @router.get("/{job_id}", response_model=JobPublic, responses=ERRORS)

@@ -110,19 +110,25 @@ def delta_public(event: dict[str, Any]) -> dict[str, Any]:
 
 
 def job_public_json(record: dict[str, str], choices: bytes | None = None) -> bytes:
-    """``job_public(record)`` as JSON, without parsing a finished job's stored choices: the
-    worker writes them in the public shape, in index order (worker/held.py), so their JSON
-    is spliced in as it is. ``choices``: the record's ``choices`` as read, undecoded, for a
-    record read without them (``None``: the record's own field). A job of 16 choices with
-    20 top logprobs per token is a record of about 12 MB; parsing and re-encoding it took
-    over a second of the gateway's event loop, splicing takes milliseconds."""
+    """``job_public(record)`` as JSON: ``job_public_parts`` joined."""
+    return b"".join(job_public_parts(record, choices))
+
+
+def job_public_parts(record: dict[str, str], choices: bytes | None = None) -> tuple[bytes, ...]:
+    """``job_public(record)`` as JSON in parts that join to it, without parsing a finished
+    job's stored choices: the worker writes them in the public shape, in index order
+    (worker/held.py), so their JSON is spliced in as it is. ``choices``: the record's
+    ``choices`` as read, undecoded, for a record read without them (``None``: the record's
+    own field). A job of 16 choices with 20 top logprobs per token is a record of about
+    12 MB; parsing and re-encoding it took over a second of the gateway's event loop.
+    Left in parts, the choices are sent from the bytes Redis returned, uncopied."""
     raw = choices if choices is not None else record.get("choices", "").encode()
     if not raw or not _choices_wanted(record):
-        return job_public(record).model_dump_json().encode()
+        return (job_public(record).model_dump_json().encode(),)
     head = job_public(record, with_choices=False).model_dump_json().encode()
     # "choices" is a field of JobPublic before any free text: its null is the first match.
     at = head.index(b'"choices":null')
-    return b"".join((head[:at], b'"choices":', raw, head[at + len(b'"choices":null') :]))
+    return head[:at] + b'"choices":', raw, head[at + len(b'"choices":null') :]
 
 
 def job_accepted(record: dict[str, str]) -> JobAccepted:
