@@ -64,8 +64,8 @@ SLICE = 1 << 20
 
 
 async def public_job(state: GatewayState, tenant: str, job_id: str) -> Response:
-    """The job as JSON, its stored choices passed through unparsed and uncopied
-    (infra/jobs/public.py job_public_parts)."""
+    """The job as JSON, its stored choices passed through unparsed and never joined into one
+    body (infra/jobs/public.py job_public_parts)."""
     parts = job_public_parts(*await owned_job(state, tenant, job_id))
     size = sum(map(len, parts))
     if size <= SLICE:

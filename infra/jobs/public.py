@@ -121,7 +121,7 @@ def job_public_parts(record: dict[str, str], choices: bytes | None = None) -> tu
     ``choices`` as read, undecoded, for a record read without them (``None``: the record's
     own field). A job of 16 choices with 20 top logprobs per token is a record of about
     12 MB; parsing and re-encoding it took over a second of the gateway's event loop.
-    Left in parts, the choices are sent from the bytes Redis returned, uncopied."""
+    Left in parts, the choices can be sent from the bytes Redis returned, never joined."""
     raw = choices if choices is not None else record.get("choices", "").encode()
     if not raw or not _choices_wanted(record):
         return (job_public(record).model_dump_json().encode(),)
